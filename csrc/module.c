@@ -1,0 +1,50 @@
+/* module.c: flashinfer._C module definition. The only place that knows which
+ * components make up the module; each one adds its functions and types in its exec. */
+#include "module.h"
+#include "tensor.h"
+
+PyDoc_STRVAR(module_doc, "flashinfer._C: native logging core, tensor formats and kernels.");
+
+int fi_tensor_exec(PyObject *module)
+{
+    (void)module;
+    return fi_tensor_init();
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    fi_module_state *st = fi_state_of(module);
+    Py_VISIT(st->logger_type);
+    Py_VISIT(st->wrapper_type);
+    Py_VISIT(st->bound_type);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    fi_module_state *st = fi_state_of(module);
+    Py_CLEAR(st->logger_type);
+    Py_CLEAR(st->wrapper_type);
+    Py_CLEAR(st->bound_type);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, fi_tensor_exec},
+    {0, NULL},
+};
+
+PyModuleDef fi_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "flashinfer._C",
+    .m_doc = module_doc,
+    .m_size = sizeof(fi_module_state),
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&fi_module_def); }

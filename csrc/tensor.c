@@ -1,0 +1,217 @@
+/* tensor.c: torch.Tensor metadata read from C. Caches torch.Tensor, the dtype
+ * objects and interned attribute names; all of them are immutable once made. */
+#include "tensor.h"
+
+fi_names_t fi_names;
+
+static PyTypeObject *tensor_type;
+static PyObject *dtype_objects[FI_DTYPE_COUNT];
+
+static const char *const dtype_names[FI_DTYPE_COUNT] = {
+    [FI_DTYPE_UNKNOWN] = "unknown",
+    [FI_DTYPE_F64] = "float64",
+    [FI_DTYPE_F32] = "float32",
+    [FI_DTYPE_F16] = "float16",
+    [FI_DTYPE_BF16] = "bfloat16",
+    [FI_DTYPE_E4M3FN] = "float8_e4m3fn",
+    [FI_DTYPE_E4M3FNUZ] = "float8_e4m3fnuz",
+    [FI_DTYPE_E5M2] = "float8_e5m2",
+    [FI_DTYPE_E5M2FNUZ] = "float8_e5m2fnuz",
+    [FI_DTYPE_E8M0FNU] = "float8_e8m0fnu",
+    [FI_DTYPE_FP4X2] = "float4_e2m1fn_x2",
+    [FI_DTYPE_I8] = "int8",
+    [FI_DTYPE_I16] = "int16",
+    [FI_DTYPE_I32] = "int32",
+    [FI_DTYPE_I64] = "int64",
+    [FI_DTYPE_U8] = "uint8",
+    [FI_DTYPE_U16] = "uint16",
+    [FI_DTYPE_U32] = "uint32",
+    [FI_DTYPE_U64] = "uint64",
+    [FI_DTYPE_BOOL] = "bool",
+    [FI_DTYPE_C32] = "complex32",
+    [FI_DTYPE_C64] = "complex64",
+    [FI_DTYPE_C128] = "complex128",
+};
+
+static int intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot ? 0 : -1;
+}
+
+static int intern_all(void)
+{
+    struct {
+        PyObject **slot;
+        const char *s;
+    } table[] = {
+        {&fi_names.shape, "shape"},
+        {&fi_names.stride, "stride"},
+        {&fi_names.dtype, "dtype"},
+        {&fi_names.device, "device"},
+        {&fi_names.data_ptr, "data_ptr"},
+        {&fi_names.storage_offset, "storage_offset"},
+        {&fi_names.requires_grad, "requires_grad"},
+        {&fi_names.is_contiguous, "is_contiguous"},
+        {&fi_names.is_cuda, "is_cuda"},
+        {&fi_names.type, "type"},
+        {&fi_names.index, "index"},
+        {&fi_names.name, "__name__"},
+        {&fi_names.qualname, "__qualname__"},
+        {&fi_names.module, "__module__"},
+        {&fi_names.value, "value"},
+        {&fi_names.cpu, "cpu"},
+        {&fi_names.contiguous, "contiguous"},
+        {&fi_names.numel, "numel"},
+        {&fi_names.element_size, "element_size"},
+        {&fi_names.untyped_storage, "untyped_storage"},
+        {&fi_names.nbytes, "nbytes"},
+    };
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        if (intern(table[i].slot, table[i].s) < 0)
+            return -1;
+    return 0;
+}
+
+int fi_tensor_init(void)
+{
+    if (tensor_type)
+        return 0;
+    if (intern_all() < 0)
+        return -1;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (!torch)
+        return -1;
+    PyObject *tt = PyObject_GetAttrString(torch, "Tensor");
+    if (!tt || !PyType_Check(tt)) {
+        Py_XDECREF(tt);
+        Py_DECREF(torch);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ImportError, "torch.Tensor is not a type");
+        return -1;
+    }
+    for (int d = FI_DTYPE_F64; d < FI_DTYPE_COUNT; d++) {
+        PyObject *obj = PyObject_GetAttrString(torch, dtype_names[d]);
+        if (!obj) {
+            PyErr_Clear(); /* an older torch lacks this dtype */
+            continue;
+        }
+        dtype_objects[d] = obj;
+    }
+    Py_DECREF(torch);
+    tensor_type = (PyTypeObject *)tt;
+    return 0;
+}
+
+PyTypeObject *fi_tensor_type(void) { return tensor_type; }
+
+int fi_is_tensor(PyObject *obj) { return PyObject_TypeCheck(obj, tensor_type); }
+
+fi_dtype fi_dtype_from_py(PyObject *dtype)
+{
+    for (int d = FI_DTYPE_F64; d < FI_DTYPE_COUNT; d++)
+        if (dtype_objects[d] == dtype)
+            return (fi_dtype)d;
+    return FI_DTYPE_UNKNOWN;
+}
+
+PyObject *fi_dtype_to_py(fi_dtype dtype)
+{
+    if (dtype <= FI_DTYPE_UNKNOWN || dtype >= FI_DTYPE_COUNT)
+        return NULL;
+    return dtype_objects[dtype];
+}
+
+const char *fi_dtype_name(fi_dtype dtype)
+{
+    if (dtype < 0 || dtype >= FI_DTYPE_COUNT)
+        return "unknown";
+    return dtype_names[dtype];
+}
+
+/* Reads a tuple of ints (torch.Size or stride tuple) into dst; returns its length. */
+static int read_int_tuple(PyObject *tuple, int64_t *dst, const char *what)
+{
+    if (!PyTuple_Check(tuple)) {
+        PyErr_Format(PyExc_TypeError, "tensor %s is not a tuple", what);
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    if (n > FI_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; at most %d are supported", n,
+                     FI_MAX_DIMS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        dst[i] = v;
+    }
+    return (int)n;
+}
+
+static int read_device(PyObject *obj, fi_tensor *out)
+{
+    PyObject *dev = PyObject_GetAttr(obj, fi_names.device);
+    if (!dev)
+        return -1;
+    PyObject *type = PyObject_GetAttr(dev, fi_names.type);
+    PyObject *index = type ? PyObject_GetAttr(dev, fi_names.index) : NULL;
+    Py_DECREF(dev);
+    if (!index) {
+        Py_XDECREF(type);
+        return -1;
+    }
+    const char *ts = PyUnicode_Check(type) ? PyUnicode_AsUTF8(type) : "";
+    if (!ts) {
+        Py_DECREF(type);
+        Py_DECREF(index);
+        return -1;
+    }
+    out->device_type = strcmp(ts, "cpu") == 0    ? FI_DEVICE_CPU
+                       : strcmp(ts, "cuda") == 0 ? FI_DEVICE_CUDA
+                                                 : FI_DEVICE_OTHER;
+    out->device_index = index == Py_None ? 0 : (int)PyLong_AsLong(index);
+    Py_DECREF(type);
+    Py_DECREF(index);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
+{
+    if (!fi_is_tensor(obj)) {
+        PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %.200s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    PyObject *shape = PyObject_GetAttr(obj, fi_names.shape);
+    if (!shape)
+        return -1;
+    int nd = read_int_tuple(shape, out->shape, "shape");
+    Py_DECREF(shape);
+    if (nd < 0)
+        return -1;
+    out->ndim = nd;
+    PyObject *stride = PyObject_CallMethodNoArgs(obj, fi_names.stride);
+    if (!stride)
+        return -1;
+    int ns = read_int_tuple(stride, out->stride, "stride");
+    Py_DECREF(stride);
+    if (ns < 0)
+        return -1;
+    PyObject *dtype = PyObject_GetAttr(obj, fi_names.dtype);
+    if (!dtype)
+        return -1;
+    out->dtype = fi_dtype_from_py(dtype);
+    Py_DECREF(dtype);
+    PyObject *ptr = PyObject_CallMethodNoArgs(obj, fi_names.data_ptr);
+    if (!ptr)
+        return -1;
+    out->data = PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (PyErr_Occurred())
+        return -1;
+    return read_device(obj, out);
+}

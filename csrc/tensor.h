@@ -1,0 +1,43 @@
+/* tensor.h: reading a torch.Tensor's metadata from C through the Python C API,
+ * with attribute names and dtype objects cached once (no torch headers). */
+#ifndef FI_TENSOR_H
+#define FI_TENSOR_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "flashinfer_kernels.h"
+
+/* Imports torch and caches torch.Tensor, the dtype objects and attribute names.
+ * Called once from module exec; returns -1 with an exception set on failure. */
+int fi_tensor_init(void);
+
+/* Borrowed reference to torch.Tensor (valid after fi_tensor_init). */
+PyTypeObject *fi_tensor_type(void);
+
+/* Nonzero when obj is a torch.Tensor (or subclass). */
+int fi_is_tensor(PyObject *obj);
+
+/* Maps a torch.dtype object to ours; FI_DTYPE_UNKNOWN when it has no mapping. */
+fi_dtype fi_dtype_from_py(PyObject *dtype);
+
+/* Borrowed torch.dtype object for ours, or NULL when this torch lacks it. */
+PyObject *fi_dtype_to_py(fi_dtype dtype);
+
+/* "float32", "bfloat16", ... (torch's name without the "torch." prefix). */
+const char *fi_dtype_name(fi_dtype dtype);
+
+/* Fills out from a tensor: data pointer, shape, stride, dtype, device.
+ * Returns -1 with an exception set when obj is not a usable tensor. */
+int fi_tensor_from_py(PyObject *obj, fi_tensor *out);
+
+/* Interned attribute names used across csrc/ (borrowed, immortal for our purposes). */
+typedef struct {
+    PyObject *shape, *stride, *dtype, *device, *data_ptr, *storage_offset, *requires_grad,
+        *is_contiguous, *is_cuda, *type, *index, *name, *qualname, *module, *value, *cpu,
+        *contiguous, *numel, *element_size, *untyped_storage, *nbytes;
+} fi_names_t;
+
+extern fi_names_t fi_names;
+
+#endif
