@@ -1,0 +1,31 @@
+/* strbuf.h: a growable byte buffer for building log records and JSON lines.
+ * Starts in an inline array so short records never touch the heap. */
+#ifndef FI_STRBUF_H
+#define FI_STRBUF_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#define FI_BUF_INLINE 512
+
+typedef struct {
+    char *data;   /* inline or heap, always NUL-terminated */
+    size_t len;
+    size_t cap;
+    int oom;      /* set once an allocation failed; later appends are ignored */
+    char inline_data[FI_BUF_INLINE];
+} fi_buf;
+
+void fi_buf_init(fi_buf *b);
+void fi_buf_free(fi_buf *b);
+void fi_buf_reset(fi_buf *b);
+/* Each append returns 0, or -1 after an allocation failure (b->oom set). */
+int fi_buf_append(fi_buf *b, const char *s, size_t n);
+int fi_buf_puts(fi_buf *b, const char *s);
+int fi_buf_putc(fi_buf *b, char c);
+int fi_buf_printf(fi_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int fi_buf_vprintf(fi_buf *b, const char *fmt, va_list ap);
+/* Two spaces per level. */
+int fi_buf_indent(fi_buf *b, int level);
+
+#endif
