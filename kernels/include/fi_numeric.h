@@ -1,0 +1,212 @@
+/* fi_numeric.h: scalar conversions between float32 and the narrow float formats
+ * (fp16, bf16, the float8 kinds, E2M1), bit-exact to torch's own conversions. */
+#ifndef FI_NUMERIC_H
+#define FI_NUMERIC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t fi_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float fi_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* IEEE binary16 -> float32 (exact). */
+static inline float fi_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    if (exp == 0x1f)
+        return fi_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        if (man == 0)
+            return fi_bits_f32(sign);
+        /* subnormal: man * 2^-24 */
+        float v = (float)man * 5.9604644775390625e-08f;
+        return sign ? -v : v;
+    }
+    return fi_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* float32 -> IEEE binary16, round to nearest even, overflow to inf. */
+static inline uint16_t fi_f32_to_f16(float f)
+{
+    uint32_t x = fi_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00 | ((absx >> 13) & 0x3ff));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520 -> inf */
+        return (uint16_t)(sign | 0x7c00);
+    if (absx < 0x38800000u) { /* below 2^-14: subnormal or zero */
+        float a = fi_bits_f32(absx);
+        /* 2^-24 units, rint uses round-to-nearest-even in the default mode */
+        uint32_t m = (uint32_t)rintf(a * 16777216.0f);
+        return (uint16_t)(sign | m);
+    }
+    uint32_t mant_odd = (absx >> 13) & 1;
+    absx += 0xfff + mant_odd;
+    return (uint16_t)(sign | ((absx - 0x38000000u) >> 13));
+}
+
+static inline float fi_bf16_to_f32(uint16_t b) { return fi_bits_f32((uint32_t)b << 16); }
+
+/* float32 -> bfloat16, round to nearest even; NaN stays a quiet NaN. */
+static inline uint16_t fi_f32_to_bf16(float f)
+{
+    uint32_t x = fi_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+/* Generic decoder for 8-bit minifloats with the given exponent/mantissa widths.
+ * fnuz formats have no negative zero (0x80 is NaN) and their bias is one larger. */
+static inline float fi_fp8_decode(uint8_t v, int exp_bits, int man_bits, int bias)
+{
+    int sign = v >> 7;
+    int exp = (v >> man_bits) & ((1 << exp_bits) - 1);
+    int man = v & ((1 << man_bits) - 1);
+    float r;
+    if (exp == 0)
+        r = ldexpf((float)man, 1 - bias - man_bits);
+    else
+        r = ldexpf((float)(man | (1 << man_bits)), exp - bias - man_bits);
+    return sign ? -r : r;
+}
+
+/* float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN, max 448. */
+static inline float fi_e4m3fn_to_f32(uint8_t v)
+{
+    if ((v & 0x7f) == 0x7f)
+        return NAN;
+    return fi_fp8_decode(v, 4, 3, 7);
+}
+
+/* float8_e5m2: IEEE-like, bias 15, exponent 31 is inf/NaN. */
+static inline float fi_e5m2_to_f32(uint8_t v)
+{
+    if (((v >> 2) & 0x1f) == 0x1f)
+        return (v & 3) ? NAN : ((v & 0x80) ? -INFINITY : INFINITY);
+    return fi_fp8_decode(v, 5, 2, 15);
+}
+
+/* float8_e4m3fnuz: bias 8, 0x80 is the only NaN, no infinities, no -0. */
+static inline float fi_e4m3fnuz_to_f32(uint8_t v)
+{
+    if (v == 0x80)
+        return NAN;
+    return fi_fp8_decode(v, 4, 3, 8);
+}
+
+/* float8_e5m2fnuz: bias 16, 0x80 is the only NaN, no infinities, no -0. */
+static inline float fi_e5m2fnuz_to_f32(uint8_t v)
+{
+    if (v == 0x80)
+        return NAN;
+    return fi_fp8_decode(v, 5, 2, 16);
+}
+
+/* float8_e8m0fnu: unsigned exponent only, 2^(v-127); 0xff is NaN. */
+static inline float fi_e8m0fnu_to_f32(uint8_t v)
+{
+    if (v == 0xff)
+        return NAN;
+    return ldexpf(1.0f, (int)v - 127);
+}
+
+/* Rounds |f| (finite, >= 0) to a minifloat with man_bits mantissa bits and the given
+ * bias, nearest even; returns the unsigned code, which may land one past the largest
+ * finite encoding (the caller decides between saturation and infinity). */
+static inline uint32_t fi_minifloat_round(float a, int man_bits, int bias)
+{
+    if (a < ldexpf(1.0f, 1 - bias)) /* subnormal: units of 2^(1-bias-man_bits) */
+        return (uint32_t)rintf(ldexpf(a, bias - 1 + man_bits));
+    int e;
+    float fr = frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+    uint32_t q = (uint32_t)rintf(ldexpf(fr, man_bits + 1)); /* in [2^m, 2^(m+1)] */
+    int ex = e - 1 + bias;
+    if (q == (1u << (man_bits + 1))) {
+        q >>= 1;
+        ex += 1;
+    }
+    return ((uint32_t)ex << man_bits) | (q - (1u << man_bits));
+}
+
+/* float32 -> float8_e4m3fn as torch's .to(float8_e4m3fn): round to nearest even,
+ * out-of-range values and infinities saturate to +-448, NaN -> 0x7f (sign kept). */
+static inline uint8_t fi_f32_to_e4m3fn(float f)
+{
+    uint8_t sign = (uint8_t)((fi_f32_bits(f) >> 24) & 0x80);
+    if (isnan(f))
+        return (uint8_t)(sign | 0x7f);
+    float a = fabsf(f);
+    if (a >= 448.0f)
+        return (uint8_t)(sign | 0x7e);
+    uint32_t c = fi_minifloat_round(a, 3, 7);
+    return (uint8_t)(sign | (c > 0x7e ? 0x7e : c));
+}
+
+/* float32 -> float8_e5m2, round to nearest even; overflow -> inf, NaN -> NaN. */
+static inline uint8_t fi_f32_to_e5m2(float f)
+{
+    uint8_t sign = (uint8_t)((fi_f32_bits(f) >> 24) & 0x80);
+    if (isnan(f))
+        return (uint8_t)(sign | 0x7f);
+    float a = fabsf(f);
+    if (a >= 61440.0f)
+        return (uint8_t)(sign | 0x7c);
+    uint32_t c = fi_minifloat_round(a, 2, 15);
+    return (uint8_t)(sign | (c > 0x7c ? 0x7c : c));
+}
+
+/* E2M1 magnitudes by code 0..7. */
+static const float fi_e2m1_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static inline float fi_e2m1_to_f32(uint8_t code)
+{
+    float v = fi_e2m1_values[code & 7];
+    return (code & 8) ? -v : v;
+}
+
+/* float32 -> E2M1 code (sign in bit 3), round to nearest with ties to the even code,
+ * saturating at 6. NaN encodes as +0 with its sign dropped. */
+static inline uint8_t fi_f32_to_e2m1(float f)
+{
+    uint8_t sign = (f < 0.0f || (f == 0.0f && signbit(f))) ? 8 : 0;
+    float a = fabsf(f);
+    uint8_t code;
+    if (!(a == a))
+        return 0;
+    if (a <= 0.25f)
+        code = 0;
+    else if (a < 0.75f)
+        code = 1;
+    else if (a <= 1.25f)
+        code = 2;
+    else if (a < 1.75f)
+        code = 3;
+    else if (a <= 2.5f)
+        code = 4;
+    else if (a < 3.5f)
+        code = 5;
+    else if (a <= 5.0f)
+        code = 6;
+    else
+        code = 7;
+    return (uint8_t)(sign | code);
+}
+
+#endif
