@@ -33,6 +33,9 @@ static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_tensor_exec},
+    {Py_mod_exec, fi_format_exec},
+    {Py_mod_exec, fi_logger_exec},
+    {Py_mod_exec, fi_wrapper_exec},
     {0, NULL},
 };
 

@@ -24,6 +24,6 @@ static inline fi_module_state *fi_state_of(PyObject *module)
 int fi_tensor_exec(PyObject *module);
 int fi_logger_exec(PyObject *module);
 int fi_wrapper_exec(PyObject *module);
-int fi_stats_exec(PyObject *module);
+int fi_format_exec(PyObject *module);
 
 #endif

@@ -1,0 +1,180 @@
+/* config.c: environment -> fi_config. Bad values never fail: one warning each
+ * (through the caller's callback) and the default applies. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int fi_config_round_level(long long level)
+{
+    if (level >= 10)
+        return 10;
+    if (level >= 5)
+        return 5;
+    if (level >= 3)
+        return 3;
+    if (level >= 1)
+        return 1;
+    return 0;
+}
+
+char *fi_config_subst_pid(const char *src, long pid)
+{
+    char pidtext[32];
+    int pidlen = snprintf(pidtext, sizeof pidtext, "%ld", pid);
+    size_t n = 0;
+    for (const char *p = src; *p; p++, n++)
+        if (p[0] == '%' && p[1] == 'i')
+            n += (size_t)pidlen;
+    char *out = malloc(n + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = src; *p; p++) {
+        if (p[0] == '%' && p[1] == 'i') {
+            memcpy(o, pidtext, (size_t)pidlen);
+            o += pidlen;
+            p++;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static const char *env_or_null(const char *name)
+{
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+static int is_blank(const char *s)
+{
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    return *s == '\0';
+}
+
+/* Parses a whole-string integer (surrounding spaces allowed). */
+static int parse_ll(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || !is_blank(end))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !is_blank(end) || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Splits "a, b,,c" into trimmed non-empty malloc'd items. */
+static int split_patterns(const char *s, char **items, int *count)
+{
+    *count = 0;
+    while (s && *s) {
+        const char *comma = strchr(s, ',');
+        const char *end = comma ? comma : s + strlen(s);
+        const char *b = s, *e = end;
+        while (b < e && isspace((unsigned char)*b))
+            b++;
+        while (e > b && isspace((unsigned char)e[-1]))
+            e--;
+        if (e > b && *count < FI_MAX_PATTERNS) {
+            char *item = strndup(b, (size_t)(e - b));
+            if (!item)
+                return -1;
+            items[(*count)++] = item;
+        }
+        s = comma ? comma + 1 : NULL;
+    }
+    return 0;
+}
+
+int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->max_size_gb = 20.0;
+    cfg->max_count = 1000;
+    long pid = (long)getpid();
+    const char *v;
+    long long n;
+
+    if ((v = env_or_null("FLASHINFER_LOGLEVEL"))) {
+        if (parse_ll(v, &n) == 0)
+            cfg->level = fi_config_round_level(n);
+        else
+            warn(ctx, "FLASHINFER_LOGLEVEL", v, "0");
+    }
+    v = env_or_null("FLASHINFER_LOGDEST");
+    cfg->logdest = fi_config_subst_pid(v ? v : "stdout", pid);
+    v = env_or_null("FLASHINFER_DUMP_DIR");
+    cfg->dump_dir = fi_config_subst_pid(v ? v : "flashinfer_dumps", pid);
+    if (!cfg->logdest || !cfg->dump_dir)
+        return -1;
+    if ((v = env_or_null("FLASHINFER_DUMP_MAX_SIZE_GB"))) {
+        double d;
+        if (parse_double(v, &d) == 0 && d >= 0)
+            cfg->max_size_gb = d;
+        else
+            warn(ctx, "FLASHINFER_DUMP_MAX_SIZE_GB", v, "20");
+    }
+    if ((v = env_or_null("FLASHINFER_DUMP_MAX_COUNT"))) {
+        if (parse_ll(v, &n) == 0 && n >= 0)
+            cfg->max_count = n;
+        else
+            warn(ctx, "FLASHINFER_DUMP_MAX_COUNT", v, "1000");
+    }
+    if ((v = env_or_null("FLASHINFER_DUMP_SAFETENSORS"))) {
+        if (parse_ll(v, &n) == 0 && (n == 0 || n == 1))
+            cfg->safetensors = (int)n;
+        else
+            warn(ctx, "FLASHINFER_DUMP_SAFETENSORS", v, "0");
+    }
+    if (split_patterns(getenv("FLASHINFER_DUMP_INCLUDE"), cfg->include, &cfg->n_include) < 0 ||
+        split_patterns(getenv("FLASHINFER_DUMP_EXCLUDE"), cfg->exclude, &cfg->n_exclude) < 0)
+        return -1;
+    return 0;
+}
+
+void fi_config_free(fi_config *cfg)
+{
+    free(cfg->logdest);
+    free(cfg->dump_dir);
+    for (int i = 0; i < cfg->n_include; i++)
+        free(cfg->include[i]);
+    for (int i = 0; i < cfg->n_exclude; i++)
+        free(cfg->exclude[i]);
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static int matches_any(char *const *patterns, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (fnmatch(patterns[i], name, FNM_NOESCAPE) == 0)
+            return 1;
+    return 0;
+}
+
+int fi_config_name_passes(const fi_config *cfg, const char *api_name)
+{
+    if (cfg->n_include && !matches_any(cfg->include, cfg->n_include, api_name))
+        return 0;
+    return !matches_any(cfg->exclude, cfg->n_exclude, api_name);
+}

@@ -1,0 +1,41 @@
+/* config.h: the FLASHINFER_* environment variables parsed into a plain struct.
+ * Pure C (getenv + strtol), so the rules of SPEC section 1 live in one place. */
+#ifndef FI_CONFIG_H
+#define FI_CONFIG_H
+
+#include <stddef.h>
+
+#define FI_MAX_PATTERNS 64
+
+typedef struct {
+    int level;            /* 0, 1, 3, 5 or 10 after rounding down */
+    char *logdest;        /* "stdout", "stderr" or a path with %i substituted */
+    char *dump_dir;       /* %i substituted */
+    double max_size_gb;
+    long long max_count;
+    int safetensors;
+    char *include[FI_MAX_PATTERNS];
+    int n_include;
+    char *exclude[FI_MAX_PATTERNS];
+    int n_exclude;
+} fi_config;
+
+/* Called once per rejected variable: the variable, the bad value and the default used. */
+typedef void (*fi_config_warn_fn)(void *ctx, const char *var, const char *value,
+                                  const char *default_text);
+
+/* Reads the environment into cfg. Never fails on bad values (warns and uses the
+ * default); returns -1 only when memory runs out. */
+int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx);
+void fi_config_free(fi_config *cfg);
+
+/* Rounds a requested level down to a named one (0, 1, 3, 5, 10). */
+int fi_config_round_level(long long level);
+
+/* Include/exclude filters of SPEC 1: include first (if any), then exclude. */
+int fi_config_name_passes(const fi_config *cfg, const char *api_name);
+
+/* Replaces every %i in src by pid; returns a malloc'd string or NULL. */
+char *fi_config_subst_pid(const char *src, long pid);
+
+#endif
