@@ -1,12 +1,759 @@
-/* dump.c: the level-10 flight recorder. (Being written: the tensor file writers
- * land first; until then no call is dumped.) */
+/* dump.c: the level-10 flight recorder (SPEC 4): one directory per call with the
+ * inputs/outputs tensor files and metadata.jsonl, plus the root's session.jsonl. */
 #include "dump.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "json.h"
+#include "sink.h"
+#include "strbuf.h"
+#include "tensor.h"
+#include "tensorio.h"
+
+#define MAX_ITEMS 10000 /* list/tuple/dict items kept in a metadata record */
+#define REPR_LIMIT 1000
+
+struct fi_dump_call {
+    fi_logger *lg;
+    PyObject *name;     /* API name (str) */
+    PyObject *record;   /* the line-1 record, extended into line 2 */
+    char *dir;          /* the call's directory */
+    long long input_bytes;
+};
+
+/* --------------------------------------------------------------- log lines */
+
+static void log_line(fi_logger *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_line(fi_logger *lg, const char *fmt, ...)
+{
+    fi_buf b;
+    fi_buf_init(&b);
+    va_list ap;
+    va_start(ap, fmt);
+    fi_buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    fi_buf_putc(&b, '\n');
+    fi_logger_emit(lg, b.data, b.len);
+    fi_buf_free(&b);
+}
+
+/* "[DUMP ERROR (where) in NAME]: message" for the pending exception, cleared. */
+static void log_dump_error(fi_logger *lg, const char *name, const char *where)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    if (!m) {
+        PyErr_Clear();
+        m = "unknown error";
+    }
+    log_line(lg, "[DUMP ERROR (%s) in %s]: %s", where, name, m);
+    Py_XDECREF(msg);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+}
+
+/* ------------------------------------------------------- metadata encoding */
+
+static int dict_set(PyObject *d, const char *key, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int r = PyDict_SetItemString(d, key, value);
+    Py_DECREF(value);
+    return r;
+}
+
+static PyObject *int_list(const int64_t *v, int n)
+{
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+static PyObject *dtype_text(PyObject *tensor, const fi_tensor *t)
+{
+    if (t->dtype != FI_DTYPE_UNKNOWN)
+        return PyUnicode_FromFormat("torch.%s", fi_dtype_name(t->dtype));
+    PyObject *d = PyObject_GetAttr(tensor, fi_names.dtype);
+    PyObject *s = d ? PyObject_Str(d) : NULL;
+    Py_XDECREF(d);
+    return s;
+}
+
+static PyObject *device_text(PyObject *tensor)
+{
+    PyObject *d = PyObject_GetAttr(tensor, fi_names.device);
+    PyObject *s = d ? PyObject_Str(d) : NULL;
+    Py_XDECREF(d);
+    return s;
+}
+
+/* {shape, dtype, stride, device} for tensor_details; with full, also requires_grad,
+ * is_contiguous and the "torch.Tensor" type tag used for nested tensors. */
+static PyObject *tensor_meta(PyObject *tensor, int full, PyObject *key)
+{
+    fi_tensor t;
+    if (fi_tensor_from_py(tensor, &t) < 0)
+        return NULL;
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    if ((full && dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0) ||
+        dict_set(d, "shape", int_list(t.shape, t.ndim)) < 0 ||
+        dict_set(d, "dtype", dtype_text(tensor, &t)) < 0 ||
+        dict_set(d, "stride", int_list(t.stride, t.ndim)) < 0 ||
+        dict_set(d, "device", device_text(tensor)) < 0)
+        goto fail;
+    if (full) {
+        PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
+        PyObject *contig = PyObject_CallMethodNoArgs(tensor, fi_names.is_contiguous);
+        if (dict_set(d, "requires_grad", rg) < 0 || dict_set(d, "is_contiguous", contig) < 0)
+            goto fail;
+        Py_INCREF(key);
+        if (dict_set(d, "tensor_key", key) < 0)
+            goto fail;
+    }
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+typedef struct {
+    PyObject *tensors; /* key -> tensor, for the tensor file */
+    PyObject *details; /* key -> tensor_details entry */
+    PyObject *keys;    /* list of tensor keys in order */
+    long long bytes;   /* nbytes of the tensors collected */
+} tensor_sink;
+
+static int collect_tensor(tensor_sink *ts, PyObject *key, PyObject *tensor)
+{
+    PyObject *details = tensor_meta(tensor, 0, key);
+    if (!details)
+        return -1;
+    int r = PyDict_SetItem(ts->details, key, details);
+    Py_DECREF(details);
+    if (r < 0 || PyDict_SetItem(ts->tensors, key, tensor) < 0 || PyList_Append(ts->keys, key) < 0)
+        return -1;
+    fi_tensor t;
+    if (fi_tensor_from_py(tensor, &t) < 0)
+        return -1;
+    ts->bytes += (long long)(fi_tensor_numel(&t) * (int64_t)fi_dtype_size(t.dtype));
+    return 0;
+}
+
+static PyObject *encode_value(tensor_sink *ts, PyObject *v, PyObject *key);
+
+static PyObject *typed(const char *type, const char *field, PyObject *value)
+{
+    if (!value)
+        return NULL;
+    PyObject *d = Py_BuildValue("{s:s,s:O}", "type", type, field, value);
+    Py_DECREF(value);
+    return d;
+}
+
+static PyObject *encode_repr(PyObject *v)
+{
+    PyObject *r = PyObject_Repr(v);
+    if (!r) {
+        PyErr_Clear();
+        r = PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(v)));
+    } else if (PyUnicode_GET_LENGTH(r) > REPR_LIMIT) {
+        Py_SETREF(r, PyUnicode_Substring(r, 0, REPR_LIMIT));
+    }
+    return typed(_PyType_Name(Py_TYPE(v)), "repr", r);
+}
+
+static PyObject *encode_enum(tensor_sink *ts, PyObject *v, PyObject *key)
+{
+    PyObject *cls = (PyObject *)Py_TYPE(v);
+    PyObject *name = PyObject_GetAttrString(v, "name");
+    PyObject *raw = name ? PyObject_GetAttr(v, fi_names.value) : NULL;
+    PyObject *value = raw ? encode_value(ts, raw, key) : NULL;
+    PyObject *mod = value ? PyObject_GetAttr(cls, fi_names.module) : NULL;
+    PyObject *qn = mod ? PyObject_GetAttr(cls, fi_names.qualname) : NULL;
+    PyObject *out = NULL;
+    if (qn)
+        out = Py_BuildValue("{s:s,s:N,s:O,s:N}", "type", "enum", "name",
+                            PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name),
+                            "value", value, "class", PyUnicode_FromFormat("%S.%S", mod, qn));
+    Py_XDECREF(name);
+    Py_XDECREF(raw);
+    Py_XDECREF(value);
+    Py_XDECREF(mod);
+    Py_XDECREF(qn);
+    return out;
+}
+
+static PyObject *encode_container(tensor_sink *ts, PyObject *v, PyObject *key)
+{
+    int is_dict = PyDict_Check(v);
+    const char *type = is_dict ? "dict" : PyList_Check(v) ? "list" : "tuple";
+    PyObject *seq = is_dict ? PyDict_Items(v) : PySequence_List(v);
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(seq), kept = n < MAX_ITEMS ? n : MAX_ITEMS;
+    PyObject *items = PyList_New(kept);
+    for (Py_ssize_t i = 0; items && i < kept; i++) {
+        PyObject *item = PyList_GET_ITEM(seq, i), *enc = NULL;
+        if (is_dict) {
+            PyObject *kk = PyUnicode_FromFormat("%S__key_%zd", key, i);
+            PyObject *vk = PyUnicode_FromFormat("%S__value_%zd", key, i);
+            PyObject *ke = kk ? encode_value(ts, PyTuple_GET_ITEM(item, 0), kk) : NULL;
+            PyObject *ve = (ke && vk) ? encode_value(ts, PyTuple_GET_ITEM(item, 1), vk) : NULL;
+            if (ve)
+                enc = Py_BuildValue("{s:O,s:O}", "key", ke, "value", ve);
+            Py_XDECREF(kk);
+            Py_XDECREF(vk);
+            Py_XDECREF(ke);
+            Py_XDECREF(ve);
+        } else {
+            PyObject *ik = PyUnicode_FromFormat("%S__%zd", key, i);
+            enc = ik ? encode_value(ts, item, ik) : NULL;
+            Py_XDECREF(ik);
+        }
+        if (!enc) {
+            Py_CLEAR(items);
+            break;
+        }
+        PyList_SET_ITEM(items, i, enc);
+    }
+    Py_DECREF(seq);
+    if (!items)
+        return NULL;
+    return Py_BuildValue("{s:s,s:n,s:N,s:O}", "type", type, "length", n, "items", items,
+                         "truncated", kept < n ? Py_True : Py_False);
+}
+
+/* The JSON-ready encoding of SPEC 4.3 for a non-top-level-tensor value; nested
+ * tensors are collected into ts under key-derived names. New reference. */
+static PyObject *encode_value(tensor_sink *ts, PyObject *v, PyObject *key)
+{
+    if (v == Py_None || PyBool_Check(v) || PyUnicode_CheckExact(v) || PyFloat_CheckExact(v) ||
+        PyLong_CheckExact(v)) {
+        Py_INCREF(v);
+        return v;
+    }
+    if (fi_is_tensor(v)) {
+        if (collect_tensor(ts, key, v) < 0)
+            return NULL;
+        return tensor_meta(v, 1, key);
+    }
+    if (Py_EnterRecursiveCall(" while encoding dump metadata"))
+        return NULL;
+    PyObject *out;
+    if (PyObject_TypeCheck(v, (PyTypeObject *)fi_enum_type()))
+        out = encode_enum(ts, v, key);
+    else if (PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v))
+        out = encode_container(ts, v, key);
+    else if (fi_dtype_from_py(v) != FI_DTYPE_UNKNOWN ||
+             strcmp(Py_TYPE(v)->tp_name, "torch.dtype") == 0)
+        out = typed("torch.dtype", "value", PyObject_Str(v));
+    else if (strcmp(Py_TYPE(v)->tp_name, "torch.device") == 0)
+        out = typed("torch.device", "value", PyObject_Str(v));
+    else if (PyLong_Check(v) || PyFloat_Check(v))
+        out = PyLong_Check(v) ? PyNumber_Long(v) : PyNumber_Float(v);
+    else
+        out = encode_repr(v);
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+/* Puts value under key: top-level tensors go to the tensor file, the rest into meta. */
+static int add_value(tensor_sink *ts, PyObject *meta, PyObject *key, PyObject *value)
+{
+    if (fi_is_tensor(value))
+        return collect_tensor(ts, key, value);
+    PyObject *enc = encode_value(ts, value, key);
+    if (!enc)
+        return -1;
+    int r = PyDict_SetItem(meta, key, enc);
+    Py_DECREF(enc);
+    return r;
+}
+
+static int sink_init(tensor_sink *ts)
+{
+    ts->tensors = PyDict_New();
+    ts->details = PyDict_New();
+    ts->keys = PyList_New(0);
+    ts->bytes = 0;
+    return (ts->tensors && ts->details && ts->keys) ? 0 : -1;
+}
+
+static void sink_free(tensor_sink *ts)
+{
+    Py_CLEAR(ts->tensors);
+    Py_CLEAR(ts->details);
+    Py_CLEAR(ts->keys);
+}
+
+/* ------------------------------------------------------------ file system */
+
+/* Every character outside [A-Za-z0-9._-] becomes '_'. */
+static void sanitize_name(char *s)
+{
+    for (; *s; s++) {
+        char c = *s;
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        if (!ok)
+            *s = '_';
+    }
+}
+
+/* Creates the dump root (mode 0700 when we create it, parents too). */
+static int ensure_root(fi_logger *lg)
+{
+    if (lg->dump_root_ready) {
+        struct stat st;
+        if (stat(lg->cfg.dump_dir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 0;
+    }
+    char *path = malloc(strlen(lg->cfg.dump_dir) + 2);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    sprintf(path, "%s/", lg->cfg.dump_dir);
+    int r = fi_make_parents(path, 0700);
+    free(path);
+    if (r < 0) {
+        PyErr_Format(PyExc_OSError, "cannot create dump directory %s: %s", lg->cfg.dump_dir,
+                     strerror(errno));
+        return -1;
+    }
+    lg->dump_root_ready = 1;
+    return 0;
+}
+
+static long long next_counter(PyObject *counters, PyObject *name)
+{
+    PyObject *cur = PyDict_GetItemWithError(counters, name);
+    long long n = cur ? PyLong_AsLongLong(cur) + 1 : 1;
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *v = PyLong_FromLongLong(n);
+    if (!v || PyDict_SetItem(counters, name, v) < 0) {
+        Py_XDECREF(v);
+        return -1;
+    }
+    Py_DECREF(v);
+    return n;
+}
+
+/* Makes the call directory; a name taken already (a re-import reset the counters
+ * within the same millisecond) moves on to the next counter value. */
+static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp,
+                           long long *call_seq)
+{
+    const char *cname = PyUnicode_AsUTF8(name);
+    if (!cname)
+        return NULL;
+    char *safe = strdup(cname);
+    if (!safe) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    sanitize_name(safe);
+    size_t cap = strlen(lg->cfg.dump_dir) + strlen(safe) + 96;
+    char *dir = malloc(cap);
+    for (int attempt = 0; dir && attempt < 1000; attempt++) {
+        long long n = next_counter(lg->call_counters, name);
+        if (n < 0)
+            break;
+        snprintf(dir, cap, "%s/%s_pid%ld_%s_call%04lld", lg->cfg.dump_dir, stamp, (long)getpid(),
+                 safe, n);
+        if (mkdir(dir, 0700) == 0) {
+            *call_seq = n;
+            free(safe);
+            return dir;
+        }
+        if (errno != EEXIST) {
+            PyErr_Format(PyExc_OSError, "cannot create %s: %s", dir, strerror(errno));
+            break;
+        }
+    }
+    if (!dir)
+        PyErr_NoMemory();
+    else if (!PyErr_Occurred())
+        PyErr_Format(PyExc_OSError, "no free call directory name under %s", lg->cfg.dump_dir);
+    free(safe);
+    free(dir);
+    return NULL;
+}
+
+/* Appends one JSON line with a single write(2) to an O_APPEND file. */
+static int append_line(const char *path, const fi_buf *line)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    int r = fi_write_all(fd, line->data, line->len);
+    int saved = errno;
+    close(fd);
+    if (r < 0) {
+        PyErr_Format(PyExc_OSError, "cannot write %s: %s", path, strerror(saved));
+        return -1;
+    }
+    return 0;
+}
+
+/* metadata.jsonl of the call and the root's session.jsonl get the same line. */
+static int write_record(fi_dump_call *call)
+{
+    fi_buf line;
+    fi_buf_init(&line);
+    int r = fi_json_from_py(&line, call->record);
+    if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
+        PyErr_NoMemory();
+        r = -1;
+    }
+    if (r == 0) {
+        size_t n = strlen(call->dir) + 32;
+        char *meta = malloc(n), *session = malloc(strlen(call->lg->cfg.dump_dir) + 32);
+        if (!meta || !session) {
+            PyErr_NoMemory();
+            r = -1;
+        } else {
+            snprintf(meta, n, "%s/metadata.jsonl", call->dir);
+            sprintf(session, "%s/session.jsonl", call->lg->cfg.dump_dir);
+            r = append_line(meta, &line);
+            if (r == 0)
+                r = append_line(session, &line);
+        }
+        free(meta);
+        free(session);
+    }
+    fi_buf_free(&line);
+    return r;
+}
+
+static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
+{
+    int st = call->lg->cfg.safetensors;
+    size_t n = strlen(call->dir) + 32;
+    char *path = malloc(n);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(path, n, "%s/%s.%s", call->dir, stem, st ? "safetensors" : "pt");
+    Py_ssize_t written =
+        fi_save_tensor_dict(path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH);
+    free(path);
+    return written;
+}
+
+/* ---------------------------------------------------------------- records */
+
+static void timestamp_now(char *out, size_t n)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    size_t k = strftime(out, n, "%Y%m%d_%H%M%S", &tm);
+    snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
+}
+
+static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0)); }
+
+static int any_cuda(PyObject *tensors)
+{
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(tensors, &pos, &k, &v)) {
+        PyObject *c = PyObject_GetAttr(v, fi_names.is_cuda);
+        int yes = c == Py_True;
+        Py_XDECREF(c);
+        PyErr_Clear();
+        if (yes)
+            return 1;
+    }
+    return 0;
+}
+
+/* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
+static int graph_capturing(PyObject *tensors)
+{
+    if (!any_cuda(tensors))
+        return 0;
+    PyObject *cuda = PyImport_ImportModule("torch.cuda");
+    PyObject *r = cuda ? PyObject_CallMethod(cuda, "is_current_stream_capturing", NULL) : NULL;
+    int yes = r == Py_True;
+    Py_XDECREF(cuda);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return yes;
+}
+
+static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *name,
+                              const char *stamp, long long call_seq, const char *dir,
+                              tensor_sink *ts, PyObject *input_meta)
+{
+    PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
+    if (!module) {
+        PyErr_Clear();
+        module = Py_None;
+        Py_INCREF(module);
+    }
+    PyObject *versions = PyDict_GetItemString(lg->static_meta, "versions");
+    PyObject *rec = Py_BuildValue(
+        "{s:O,s:N,s:L,s:s,s:l,s:O,s:N,s:{s:O,s:N,s:L,s:N},s:O,s:s,s:O,s:O,s:s,s:O,s:s,s:L}",
+        "function_name", name, "module", module, "call_sequence", call_seq, "timestamp", stamp,
+        "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata",
+        PyDict_New(), "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys",
+        PyList_New(0), "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes),
+        "tensor_details", ts->details, "tensor_format",
+        lg->cfg.safetensors ? "safetensors" : "torch", "function_signature",
+        api->signature_text ? api->signature_text : Py_None, "versions",
+        versions ? versions : Py_None, "execution_status", "inputs_saved", "graph_capture",
+        graph_capturing(ts->tensors) ? Py_True : Py_False, "dump_dir", dir, "sequence",
+        lg->sequence);
+    if (rec && api->self) {
+        PyObject *id = PyLong_FromVoidPtr(api->self);
+        if (dict_set(rec, "self_id", id) < 0)
+            Py_CLEAR(rec);
+    }
+    return rec;
+}
+
+static int check_caps(fi_logger *lg, long long bytes)
+{
+    if (lg->dump_count >= lg->cfg.max_count) {
+        if (!lg->count_cap_warned)
+            log_line(lg,
+                     "[flashinfer] WARNING: dump count cap reached (%lld calls); later calls are "
+                     "not dumped. Raise FLASHINFER_DUMP_MAX_COUNT to dump more.",
+                     lg->cfg.max_count);
+        lg->count_cap_warned = 1;
+        return 0;
+    }
+    double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
+    if ((double)(lg->dump_bytes + bytes) > cap) {
+        if (!lg->size_cap_warned)
+            log_line(lg,
+                     "[flashinfer] WARNING: dump size cap reached (%g GB); later calls are not "
+                     "dumped. Raise FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
+                     lg->cfg.max_size_gb);
+        lg->size_cap_warned = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static void call_free(fi_dump_call *call)
+{
+    Py_XDECREF(call->lg);
+    Py_XDECREF(call->name);
+    Py_XDECREF(call->record);
+    free(call->dir);
+    free(call);
+}
 
 fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames)
 {
-    (void)lg, (void)api, (void)args, (void)nargs, (void)kwnames;
+    if (lg->suspended > 0)
+        return NULL;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    fi_dump_call *call = calloc(1, sizeof(*call));
+    tensor_sink ts = {0};
+    PyObject *input_meta = PyDict_New();
+    if (!call || !input_meta || sink_init(&ts) < 0)
+        goto error;
+    call->lg = lg;
+    Py_INCREF(lg);
+    call->name = PyUnicode_FromString(api->api_name);
+    if (!call->name)
+        goto error;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
+        PyObject *key = i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
+                                  : PyUnicode_FromFormat("kwarg_%U",
+                                                         PyTuple_GET_ITEM(kwnames, i - nargs));
+        int r = key ? add_value(&ts, input_meta, key, args[i]) : -1;
+        Py_XDECREF(key);
+        if (r < 0)
+            goto error;
+    }
+    if (!check_caps(lg, ts.bytes))
+        goto skip;
+    if (ensure_root(lg) < 0)
+        goto error;
+    char stamp[32];
+    timestamp_now(stamp, sizeof stamp);
+    long long call_seq = 0;
+    call->dir = make_call_dir(lg, call->name, stamp, &call_seq);
+    if (!call->dir)
+        goto error;
+    Py_ssize_t written = save_tensors(call, "inputs", ts.tensors);
+    if (written < 0) {
+        rmdir(call->dir);
+        goto error;
+    }
+    lg->sequence++;
+    lg->dump_count++;
+    lg->dump_bytes += written;
+    call->input_bytes = ts.bytes;
+    call->record = build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta);
+    if (!call->record || write_record(call) < 0)
+        goto error;
+    sink_free(&ts);
+    Py_DECREF(input_meta);
+    PyErr_Restore(et, ev, tb);
+    return call;
+error:
+    log_dump_error(lg, api->api_name, "inputs");
+skip:
+    sink_free(&ts);
+    Py_XDECREF(input_meta);
+    if (call)
+        call_free(call);
+    PyErr_Restore(et, ev, tb);
     return NULL;
 }
 
-void fi_dump_end(fi_dump_call *call, PyObject *result) { (void)call, (void)result; }
+/* Fills output_metadata / tensor keys for the result (SPEC 4.3 key names). */
+static int collect_outputs(tensor_sink *ts, PyObject *out_meta, PyObject *result)
+{
+    if (PyTuple_Check(result)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(result); i++) {
+            PyObject *key = PyUnicode_FromFormat("result_%zd", i);
+            int r = key ? add_value(ts, out_meta, key, PyTuple_GET_ITEM(result, i)) : -1;
+            Py_XDECREF(key);
+            if (r < 0)
+                return -1;
+        }
+        PyObject *shape = Py_BuildValue("{s:s,s:n}", "type", "tuple", "length",
+                                        PyTuple_GET_SIZE(result));
+        return dict_set(out_meta, "result", shape);
+    }
+    PyObject *key = PyUnicode_FromString("result");
+    int r = key ? add_value(ts, out_meta, key, result) : -1;
+    Py_XDECREF(key);
+    return r;
+}
+
+static int finish_completed(fi_dump_call *call, PyObject *result)
+{
+    fi_logger *lg = call->lg;
+    PyObject *rec = call->record;
+    tensor_sink ts;
+    if (sink_init(&ts) < 0)
+        return -1;
+    PyObject *out_meta = PyDict_GetItemString(rec, "output_metadata");
+    PyObject *info = PyDict_GetItemString(rec, "tensor_info");
+    PyObject *details = PyDict_GetItemString(rec, "tensor_details");
+    int r = -1;
+    if (!out_meta || !info || !details || collect_outputs(&ts, out_meta, result) < 0)
+        goto done;
+    long long out_bytes = 0;
+    if (PyList_GET_SIZE(ts.keys) > 0) {
+        double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
+        if ((double)(lg->dump_bytes + ts.bytes) > cap) {
+            if (dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
+                goto done;
+            if (!lg->size_cap_warned)
+                log_line(lg,
+                         "[flashinfer] WARNING: dump size cap reached (%g GB) while saving "
+                         "outputs. Raise FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
+                         lg->cfg.max_size_gb);
+            lg->size_cap_warned = 1;
+        } else {
+            Py_ssize_t written = save_tensors(call, "outputs", ts.tensors);
+            if (written < 0) {
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+                PyErr_Restore(et, ev, tb);
+                log_dump_error(lg, PyUnicode_AsUTF8(call->name), "outputs");
+                PyObject *why = msg ? PyUnicode_FromFormat("write error: %U", msg)
+                                    : PyUnicode_FromString("write error");
+                Py_XDECREF(msg);
+                if (dict_set(rec, "outputs_skipped", why) < 0)
+                    goto done;
+            } else {
+                lg->dump_bytes += written;
+                out_bytes = ts.bytes;
+                if (PyDict_Update(details, ts.details) < 0)
+                    goto done;
+                Py_INCREF(ts.keys);
+                if (dict_set(info, "output_tensor_keys", ts.keys) < 0)
+                    goto done;
+            }
+        }
+    }
+    long long total = call->input_bytes + out_bytes;
+    if (dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
+        dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
+        dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
+        dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
+        dict_set(rec, "execution_status", PyUnicode_FromString("completed")) < 0)
+        goto done;
+    r = 0;
+done:
+    sink_free(&ts);
+    return r;
+}
+
+static int finish_exception(fi_dump_call *call, PyObject *ev)
+{
+    PyObject *type_name = PyObject_GetAttr((PyObject *)Py_TYPE(ev), fi_names.name);
+    PyObject *msg = PyObject_Str(ev);
+    if (!type_name || !msg) {
+        Py_XDECREF(type_name);
+        Py_XDECREF(msg);
+        return -1;
+    }
+    PyObject *exc = Py_BuildValue("{s:N,s:N}", "type", type_name, "message", msg);
+    if (dict_set(call->record, "exception", exc) < 0)
+        return -1;
+    return dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
+}
+
+void fi_dump_end(fi_dump_call *call, PyObject *result)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int r;
+    if (result) {
+        r = finish_completed(call, result);
+    } else {
+        PyErr_NormalizeException(&et, &ev, &tb);
+        r = ev ? finish_exception(call, ev) : 0;
+    }
+    if (r == 0)
+        r = write_record(call);
+    if (r < 0)
+        log_dump_error(call->lg, PyUnicode_AsUTF8(call->name), "outputs");
+    call_free(call);
+    if (tb && ev)
+        PyException_SetTraceback(ev, tb);
+    PyErr_Restore(et, ev, tb);
+}

@@ -68,24 +68,29 @@ static PyObject *method_name_for(fi_wrapper *w, PyObject *cls)
 /* The API name of SPEC 2: __name__ for functions; for methods the class of self at
  * call time. An unbound call (Cls.method(obj, ...) or a staticmethod) uses the type
  * of the first argument when that type resolves the attribute to this very wrapper,
- * else the class named in __qualname__. Borrowed reference; NULL with exception. */
-static PyObject *api_name(fi_wrapper *w, PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+ * else the class named in __qualname__ (then *self is set to that argument).
+ * Borrowed reference; NULL with exception. */
+static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args,
+                          Py_ssize_t nargs)
 {
     if (!w->owner_name)
         return w->name;
-    if (self)
-        return method_name_for(w, PyType_Check(self) ? self : (PyObject *)Py_TYPE(self));
+    if (*self)
+        return method_name_for(w, PyType_Check(*self) ? *self : (PyObject *)Py_TYPE(*self));
     if (nargs > 0) {
         PyObject *cls = (PyObject *)Py_TYPE(args[0]);
-        if (cls == w->cached_type && w->cached_api_name)
-            return w->cached_api_name;
-        PyObject *attr = PyObject_GetAttr(cls, w->name);
-        if (!attr)
-            PyErr_Clear();
-        int same = attr == (PyObject *)w;
-        Py_XDECREF(attr);
-        if (same)
+        int same = cls == w->cached_type && w->cached_api_name;
+        if (!same) {
+            PyObject *attr = PyObject_GetAttr(cls, w->name);
+            if (!attr)
+                PyErr_Clear();
+            same = attr == (PyObject *)w;
+            Py_XDECREF(attr);
+        }
+        if (same) {
+            *self = args[0]; /* an unbound call: the first argument is self */
             return method_name_for(w, cls);
+        }
     }
     if (w->cached_type == Py_None && w->cached_api_name)
         return w->cached_api_name;
@@ -223,7 +228,7 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
     fi_logger *lg = w->logger;
     int level = lg->cfg.level;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *name_obj = api_name(w, self, args, nargs);
+    PyObject *name_obj = api_name(w, &self, args, nargs);
     if (!name_obj) {
         PyErr_Clear();
         name_obj = w->name;
