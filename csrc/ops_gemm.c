@@ -176,10 +176,10 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
                           &num_threads))
         return NULL;
     tensor_arg *all[] = {&A, &B, &as, &bs, &out};
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 4; i++)
         if (read_arg(all[i]) < 0)
             return NULL;
-    if (check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&A, fp8_kinds, 2) < 0 ||
+    if (check_devices("bmm_fp8", all, 4) < 0 || check_dtype(&A, fp8_kinds, 2) < 0 ||
         check_dtype(&B, fp8_kinds, 2) < 0 || check_ndim(&A, 3, "[b, m, k]") < 0 ||
         check_ndim(&B, 3, "[b, k, n]") < 0)
         return NULL;
@@ -192,8 +192,8 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
                             "B: k = %lld (B.shape[1]) does not match A's k = %lld (A.shape[2])",
                             (long long)B.t.shape[1], (long long)A.t.shape[2]);
     int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
-    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 ||
-        check_dtype(&out, half_kinds, 2) < 0 || check_shape(&out, want, 3) < 0 ||
+    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || read_arg(&out) < 0 ||
+        check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&out, half_kinds, 2) < 0 || check_shape(&out, want, 3) < 0 ||
         check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
         return NULL;
     fi_gemm_fp8_params p = {.a = A.t, .b = B.t, .out = out.t, .b_layout = FI_GEMM_B_STRIDED,
@@ -216,8 +216,9 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOi:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
                           &num_threads))
         return NULL;
-    tensor_arg *all[4] = {&a, &b, &out, &alpha};
-    int n = alpha.obj == Py_None ? 3 : 4;
+    tensor_arg *all[4] = {&a, &b, &alpha, &out};
+    int n = alpha.obj == Py_None ? 2 : 3;
+    all[n] = &out;
     for (int i = 0; i < n; i++)
         if (read_arg(all[i]) < 0)
             return NULL;
@@ -233,12 +234,13 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
                             (long long)b.t.shape[0], (long long)b.t.shape[1],
                             (long long)b.t.shape[2], (long long)a.t.shape[1]);
     int64_t want[2] = {a.t.shape[0], b.t.shape[1]};
-    if ((n == 4 && check_scalar_f32(&alpha) < 0) || check_dtype(&out, half_kinds, 2) < 0 ||
+    if ((n == 3 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
+        check_devices("mm_fp8", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
         check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0 ||
         check_threads(num_threads) < 0)
         return NULL;
     fi_gemm_fp8_params p = {.out = out.t, .b = b.t, .b_layout = FI_GEMM_B_BLOCK_K128,
-                            .a_scale = n == 4 ? alpha.t.data : NULL, .num_threads = num_threads};
+                            .a_scale = n == 3 ? alpha.t.data : NULL, .num_threads = num_threads};
     /* a as a batch of one: [1, m, k] */
     p.a = a.t;
     p.a.ndim = 3;
@@ -335,8 +337,9 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOiipi:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
                           &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads))
         return NULL;
-    tensor_arg *all[6] = {&a, &b, &asf, &bsf, &out, &alpha};
-    int n = alpha.obj == Py_None ? 5 : 6;
+    tensor_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
+    int n = alpha.obj == Py_None ? 4 : 5;
+    all[n] = &out;
     for (int i = 0; i < n; i++)
         if (read_arg(all[i]) < 0)
             return NULL;
@@ -372,12 +375,13 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
                                 "%s: must be contiguous (or the .T of a contiguous tensor), "
                                 "as nvfp4_quantize returns it",
                                 sfs[i]->name);
-    if ((n == 6 && check_scalar_f32(&alpha) < 0) || check_dtype(&out, half_kinds, 2) < 0 ||
+    if ((n == 5 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
+        check_devices("mm_fp4", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
         check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0)
         return NULL;
     fi_gemm_fp4_params p = {.a = a.t, .b = b.t, .a_sf = asf.t.data, .b_sf = bsf.t.data,
                             .sf_layout = (fi_sf_layout)layout, .block_size = bs,
-                            .sf_ue8m0 = ue8m0, .alpha = n == 6 ? alpha.t.data : NULL,
+                            .sf_ue8m0 = ue8m0, .alpha = n == 5 ? alpha.t.data : NULL,
                             .out = out.t, .num_threads = num_threads};
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp4_cpu(&p);

@@ -14,9 +14,9 @@
 #define FI_HAVE_AVX2_KERNEL 1
 #endif
 
-/* Register tile MR x NR, cache tiles MC x NC x KC (the A block stays in L2, one B strip
- * of KC x NR in L1). */
-enum { MR = 6, NR = 16, MC = 120, NC = 256, KC = 256 };
+/* Register tile MR x NR (NR is the micro-kernel's: 16, or 32 with AVX-512), cache tiles
+ * MC x NC x KC (the A block stays in L2, one B strip of KC x NR in L1). */
+enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 256, KC = 256 };
 
 typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc);
 
@@ -62,11 +62,44 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const flo
         _mm256_storeu_ps(cr + 8, _mm256_add_ps(_mm256_loadu_ps(cr + 8), c1[r]));
     }
 }
+
+/* 6 x 32: two zmm accumulators per row. */
+__attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const float *a,
+                                                             const float *b, float *c,
+                                                             int64_t ldc)
+{
+    __m512 c0[MR], c1[MR];
+    for (int r = 0; r < MR; r++) {
+        c0[r] = _mm512_setzero_ps();
+        c1[r] = _mm512_setzero_ps();
+    }
+    for (int64_t kk = 0; kk < kc; kk++) {
+        __m512 b0 = _mm512_loadu_ps(b + kk * NR_MAX);
+        __m512 b1 = _mm512_loadu_ps(b + kk * NR_MAX + 16);
+        const float *ak = a + kk * MR;
+        for (int r = 0; r < MR; r++) {
+            __m512 ar = _mm512_set1_ps(ak[r]);
+            c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        float *cr = c + r * ldc;
+        _mm512_storeu_ps(cr, _mm512_add_ps(_mm512_loadu_ps(cr), c0[r]));
+        _mm512_storeu_ps(cr + 16, _mm512_add_ps(_mm512_loadu_ps(cr + 16), c1[r]));
+    }
+}
 #endif
 
-static micro_fn pick_micro(void)
+/* The widest micro-kernel this CPU runs, with its panel width. */
+static micro_fn pick_micro(int *nr)
 {
+    *nr = NR;
 #ifdef FI_HAVE_AVX2_KERNEL
+    if (__builtin_cpu_supports("avx512f")) {
+        *nr = NR_MAX;
+        return micro_avx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return micro_avx2;
 #endif
@@ -76,6 +109,7 @@ static micro_fn pick_micro(void)
 typedef struct {
     const fi_tiled_gemm *g;
     micro_fn micro;
+    int nr;
     int64_t tiles_m, tiles_n, total;
     atomic_llong next;
     atomic_int failed;
@@ -125,17 +159,17 @@ static void pack_a(const fi_tiled_gemm *g, int64_t bi, int64_t i0, int64_t rows,
     }
 }
 
-static void pack_b(const fi_tiled_gemm *g, int64_t bi, int64_t j0, int64_t cols, int64_t padded,
-                   int64_t k0, int64_t kc, scratch *s)
+static void pack_b(const fi_tiled_gemm *g, int nr, int64_t bi, int64_t j0, int64_t cols,
+                   int64_t padded, int64_t k0, int64_t kc, scratch *s)
 {
     for (int64_t c = 0; c < padded; c++) {
-        float *panel = s->bp + (c / NR) * kc * NR + c % NR;
+        float *panel = s->bp + (c / nr) * kc * nr + c % nr;
         if (c < cols)
             g->col_b(g->ctx, bi, j0 + c, k0, kc, s->tmp);
         else
             memset(s->tmp, 0, (size_t)kc * sizeof(float));
         for (int64_t kk = 0; kk < kc; kk++)
-            panel[kk * NR] = s->tmp[kk];
+            panel[kk * nr] = s->tmp[kk];
     }
 }
 
@@ -170,16 +204,16 @@ static void run_tile(shared_state *st, int64_t t, scratch *s)
     int64_t i0 = ti * MC, j0 = tj * NC;
     int64_t rows = g->m - i0 < MC ? g->m - i0 : MC;
     int64_t cols = g->n - j0 < NC ? g->n - j0 : NC;
-    int64_t mp = (rows + MR - 1) / MR, np = (cols + NR - 1) / NR;
+    int64_t nr = st->nr, mp = (rows + MR - 1) / MR, np = (cols + nr - 1) / nr;
     memset(s->c, 0, (size_t)MC * NC * sizeof(float));
     for (int64_t k0 = 0; k0 < g->k; k0 += KC) {
         int64_t kc = g->k - k0 < KC ? g->k - k0 : KC;
         pack_a(g, bi, i0, rows, mp * MR, k0, kc, s);
-        pack_b(g, bi, j0, cols, np * NR, k0, kc, s);
+        pack_b(g, st->nr, bi, j0, cols, np * nr, k0, kc, s);
         for (int64_t jp = 0; jp < np; jp++)
             for (int64_t ip = 0; ip < mp; ip++)
-                st->micro(kc, s->ap + ip * kc * MR, s->bp + jp * kc * NR,
-                          s->c + ip * MR * NC + jp * NR, NC);
+                st->micro(kc, s->ap + ip * kc * MR, s->bp + jp * kc * nr,
+                          s->c + ip * MR * NC + jp * nr, NC);
     }
     store_tile(g, bi, i0, j0, rows, cols, s->c);
 }
@@ -218,7 +252,8 @@ int fi_tiled_gemm_run(const fi_tiled_gemm *g)
         free(zero);
         return 0;
     }
-    shared_state st = {.g = g, .micro = pick_micro()};
+    shared_state st = {.g = g};
+    st.micro = pick_micro(&st.nr);
     st.tiles_m = (g->m + MC - 1) / MC;
     st.tiles_n = (g->n + NC - 1) / NC;
     st.total = g->batch * st.tiles_m * st.tiles_n;
