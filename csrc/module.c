@@ -36,6 +36,7 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_format_exec},
     {Py_mod_exec, fi_logger_exec},
     {Py_mod_exec, fi_wrapper_exec},
+    {Py_mod_exec, fi_gemm_exec},
     {0, NULL},
 };
 

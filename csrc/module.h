@@ -25,5 +25,7 @@ int fi_tensor_exec(PyObject *module);
 int fi_logger_exec(PyObject *module);
 int fi_wrapper_exec(PyObject *module);
 int fi_format_exec(PyObject *module);
+int fi_stats_exec(PyObject *module);
+int fi_gemm_exec(PyObject *module);
 
 #endif

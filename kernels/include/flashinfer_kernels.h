@@ -90,6 +90,96 @@ static inline int64_t fi_tensor_numel(const fi_tensor *t)
     return n;
 }
 
+
+/* ---- GEMM and FP4 ----------------------------------------------------------------
+ * fp8 GEMM (bmm_fp8, mm_fp8), NVFP4/MXFP4 quantization and the fp4 GEMM (mm_fp4).
+ * Pointers to scales are device memory on CUDA; the CPU kernels read them directly.
+ * Every function returns 0, or -1 when it could not allocate its scratch memory. */
+
+/* Layout of the B operand of an fp8 GEMM. */
+typedef enum {
+    FI_GEMM_B_STRIDED = 0,   /* b is [batch, k, n], any strides (column-major is fastest) */
+    FI_GEMM_B_BLOCK_K128 = 1 /* b is [k/128, n, 128]: prepare_low_latency_gemm_weights */
+} fi_gemm_b_layout;
+
+/* out[i] = (a[i] @ b[i]) * a_scale * b_scale, accumulated in float32. */
+typedef struct {
+    fi_tensor a;               /* [batch, m, k] float8_e4m3fn or float8_e5m2, any strides */
+    fi_tensor b;               /* [batch, k, n] or [k/128, n, 128] (batch 1), see b_layout */
+    fi_tensor out;             /* [batch, m, n] bfloat16, float16 or float32, contiguous */
+    fi_gemm_b_layout b_layout;
+    const float *a_scale;      /* one float32 each; NULL means 1 */
+    const float *b_scale;
+    int num_threads;           /* CPU worker threads, >= 1 */
+    void *stream;              /* cudaStream_t on CUDA; unused on CPU */
+} fi_gemm_fp8_params;
+
+int fi_gemm_fp8_cpu(const fi_gemm_fp8_params *p);
+
+/* Block-scale layouts of quantized fp4 tensors (values are FlashInfer's SfLayout). */
+typedef enum {
+    FI_SF_LAYOUT_128X4 = 0,  /* [roundup(rows,128), roundup(cols,4)] in 512-byte tiles */
+    FI_SF_LAYOUT_8X4 = 1,    /* [roundup(rows,8), roundup(cols,4)] in 32-byte tiles */
+    FI_SF_LAYOUT_LINEAR = 2  /* [rows, cols] row-major */
+} fi_sf_layout;
+
+/* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included). */
+static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layout)
+{
+    int64_t cp = (cols + 3) / 4 * 4;
+    if (layout == FI_SF_LAYOUT_128X4)
+        return (rows + 127) / 128 * 128 * cp;
+    if (layout == FI_SF_LAYOUT_8X4)
+        return (rows + 7) / 8 * 8 * cp;
+    return rows * cols;
+}
+
+/* Byte offset of the scale of (row r, block c) in a matrix with cols blocks per row. */
+static inline int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_layout layout)
+{
+    int64_t ktiles = (cols + 3) / 4;
+    if (layout == FI_SF_LAYOUT_128X4)
+        return ((r / 128) * ktiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+    if (layout == FI_SF_LAYOUT_8X4)
+        return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
+    return r * cols + c;
+}
+
+/* NVFP4 (sf_vec_size 16, E4M3 scales) or MXFP4 (sf_vec_size 32, UE8M0 scales) quantization
+ * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble. */
+typedef struct {
+    fi_tensor x;               /* [m, k] float32, float16 or bfloat16, any strides */
+    uint8_t *x_q;              /* [m, k/2] contiguous */
+    uint8_t *sf;               /* fi_sf_bytes(m, k/sf_vec_size, sf_layout) bytes */
+    const float *global_scale; /* one float32; NULL means 1 */
+    int global_scale_inversed; /* nonzero: the scale used is 1/global_scale */
+    int sf_vec_size;           /* 16 or 32 */
+    int sf_ue8m0;              /* nonzero: UE8M0 scales, else E4M3 */
+    fi_sf_layout sf_layout;
+    int num_threads;
+    void *stream;
+} fi_fp4_quantize_params;
+
+int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p);
+
+/* out = alpha * dequant(a) @ dequant(b): a holds m rows of k E2M1 values, b holds the n
+ * rows of a quantized [n, k] weight viewed as [k/2, n]; scales as fi_fp4_quantize made. */
+typedef struct {
+    fi_tensor a;               /* [m, k/2] packed E2M1 (uint8 or float4_e2m1fn_x2) */
+    fi_tensor b;               /* [k/2, n] packed E2M1 */
+    const uint8_t *a_sf;       /* m rows x k/block_size blocks, in sf_layout */
+    const uint8_t *b_sf;       /* n rows x k/block_size blocks, in sf_layout */
+    fi_sf_layout sf_layout;
+    int block_size;            /* 16 (E4M3 scales) or 32 (UE8M0 scales) */
+    int sf_ue8m0;
+    const float *alpha;        /* one float32; NULL means 1 */
+    fi_tensor out;             /* [m, n] bfloat16, float16 or float32, contiguous */
+    int num_threads;
+    void *stream;
+} fi_gemm_fp4_params;
+
+int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,399 @@
+/* ops_gemm.c: checks the arguments of the GEMM and fp4 entry points (types, devices,
+ * dtypes, shapes, output buffers) and runs the CPU kernels with the GIL released. */
+#include "ops_gemm.h"
+
+#include "flashinfer_kernels.h"
+#include "module.h"
+#include "tensor.h"
+
+/* One tensor argument: its public name and what we read from it. */
+typedef struct {
+    const char *name;
+    PyObject *obj;
+    fi_tensor t;
+} tensor_arg;
+
+static int read_arg(tensor_arg *a)
+{
+    if (!fi_is_tensor(a->obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a torch.Tensor, got %.200s", a->name,
+                     Py_TYPE(a->obj)->tp_name);
+        return -1;
+    }
+    return fi_tensor_from_py(a->obj, &a->t);
+}
+
+static const char *device_name(const fi_tensor *t)
+{
+    return t->device_type == FI_DEVICE_CPU ? "cpu" : t->device_type == FI_DEVICE_CUDA ? "cuda" : "other";
+}
+
+/* All tensors must share one device, and for now that device is the CPU. */
+static int check_devices(const char *op, tensor_arg **args, int n)
+{
+    for (int i = 1; i < n; i++) {
+        if (args[i]->t.device_type != args[0]->t.device_type ||
+            args[i]->t.device_index != args[0]->t.device_index) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s is on %s:%d but %s is on %s:%d; all tensors must be on one "
+                         "device",
+                         op, args[i]->name, device_name(&args[i]->t), args[i]->t.device_index,
+                         args[0]->name, device_name(&args[0]->t), args[0]->t.device_index);
+            return -1;
+        }
+    }
+    if (n > 0 && args[0]->t.device_type != FI_DEVICE_CPU) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s is on device %s; this build runs %s on cpu tensors only", op,
+                     args[0]->name, device_name(&args[0]->t), op);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_dtype(const tensor_arg *a, const fi_dtype *allowed, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a->t.dtype == allowed[i])
+            return 0;
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof(list); i++)
+        used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? ", " : "",
+                                 fi_dtype_name(allowed[i]));
+    PyErr_Format(PyExc_ValueError, "%s: dtype %s is not accepted; expected one of: %s", a->name,
+                 fi_dtype_name(a->t.dtype), list);
+    return -1;
+}
+
+static int check_ndim(const tensor_arg *a, int ndim, const char *what)
+{
+    if (a->t.ndim == ndim)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: expected a %d-D tensor %s, got %d dimensions", a->name,
+                 ndim, what, a->t.ndim);
+    return -1;
+}
+
+static void shape_str(const fi_tensor *t, char *buf, size_t cap)
+{
+    size_t used = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < t->ndim && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "",
+                                 (long long)t->shape[i]);
+    if (used < cap)
+        snprintf(buf + used, cap - used, "]");
+}
+
+static int check_shape(const tensor_arg *a, const int64_t *want, int ndim)
+{
+    int ok = a->t.ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = a->t.shape[i] == want[i];
+    if (ok)
+        return 0;
+    char seen[160], exp[160];
+    fi_tensor w = {.ndim = ndim};
+    for (int i = 0; i < ndim; i++)
+        w.shape[i] = want[i];
+    shape_str(&a->t, seen, sizeof(seen));
+    shape_str(&w, exp, sizeof(exp));
+    PyErr_Format(PyExc_ValueError, "%s: shape %s does not match the expected %s", a->name, seen,
+                 exp);
+    return -1;
+}
+
+static int is_contiguous(const fi_tensor *t)
+{
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != expect)
+            return 0;
+        expect *= t->shape[i];
+    }
+    return 1;
+}
+
+/* Contiguous, or the transpose of a contiguous 2-D tensor (b_descale is passed as sf.T). */
+static int is_dense(const fi_tensor *t)
+{
+    if (is_contiguous(t))
+        return 1;
+    return t->ndim == 2 && (t->shape[0] == 1 || t->stride[0] == 1) &&
+           (t->shape[1] == 1 || t->stride[1] == t->shape[0]);
+}
+
+static int check_contiguous(const tensor_arg *a)
+{
+    if (is_contiguous(&a->t))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: must be a contiguous tensor", a->name);
+    return -1;
+}
+
+/* A one-element float32 tensor (a scale or alpha). */
+static int check_scalar_f32(const tensor_arg *a)
+{
+    static const fi_dtype f32[] = {FI_DTYPE_F32};
+    if (check_dtype(a, f32, 1) < 0)
+        return -1;
+    if (fi_tensor_numel(&a->t) != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected one float32 value, got %lld elements",
+                     a->name, (long long)fi_tensor_numel(&a->t));
+        return -1;
+    }
+    return 0;
+}
+
+static int check_threads(int num_threads)
+{
+    if (num_threads >= 1 && num_threads <= 4096)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "num_threads: %d is out of range; expected 1..4096",
+                 num_threads);
+    return -1;
+}
+
+static PyObject *kernel_result(int rc, const char *op)
+{
+    if (rc < 0)
+        return PyErr_Format(PyExc_MemoryError, "%s: could not allocate kernel scratch memory", op);
+    Py_RETURN_NONE;
+}
+
+static const fi_dtype fp8_kinds[] = {FI_DTYPE_E4M3FN, FI_DTYPE_E5M2};
+static const fi_dtype half_kinds[] = {FI_DTYPE_BF16, FI_DTYPE_F16};
+
+PyDoc_STRVAR(bmm_fp8_doc, "bmm_fp8(A, B, A_scale, B_scale, out, num_threads)\n--\n\n"
+                          "out = (A @ B) * A_scale * B_scale for fp8 A [b, m, k], B [b, k, n].");
+
+static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
+{
+    (void)self;
+    tensor_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"}, out = {.name = "out"};
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOOi:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj, &out.obj,
+                          &num_threads))
+        return NULL;
+    tensor_arg *all[] = {&A, &B, &as, &bs, &out};
+    for (int i = 0; i < 4; i++)
+        if (read_arg(all[i]) < 0)
+            return NULL;
+    if (check_devices("bmm_fp8", all, 4) < 0 || check_dtype(&A, fp8_kinds, 2) < 0 ||
+        check_dtype(&B, fp8_kinds, 2) < 0 || check_ndim(&A, 3, "[b, m, k]") < 0 ||
+        check_ndim(&B, 3, "[b, k, n]") < 0)
+        return NULL;
+    if (B.t.shape[0] != A.t.shape[0])
+        return PyErr_Format(PyExc_ValueError,
+                            "B: batch size %lld does not match A's batch size %lld",
+                            (long long)B.t.shape[0], (long long)A.t.shape[0]);
+    if (B.t.shape[1] != A.t.shape[2])
+        return PyErr_Format(PyExc_ValueError,
+                            "B: k = %lld (B.shape[1]) does not match A's k = %lld (A.shape[2])",
+                            (long long)B.t.shape[1], (long long)A.t.shape[2]);
+    int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
+    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || read_arg(&out) < 0 ||
+        check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&out, half_kinds, 2) < 0 || check_shape(&out, want, 3) < 0 ||
+        check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        return NULL;
+    fi_gemm_fp8_params p = {.a = A.t, .b = B.t, .out = out.t, .b_layout = FI_GEMM_B_STRIDED,
+                            .a_scale = as.t.data, .b_scale = bs.t.data,
+                            .num_threads = num_threads};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp8_cpu(&p);
+    Py_END_ALLOW_THREADS return kernel_result(rc, "bmm_fp8");
+}
+
+PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads)\n--\n\n"
+                         "out = alpha * (a @ w.T) for e4m3 a [m, k] and the prepared weight\n"
+                         "b [k // 128, n, 128]; alpha may be None.");
+
+static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
+{
+    (void)self;
+    tensor_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOi:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
+                          &num_threads))
+        return NULL;
+    tensor_arg *all[4] = {&a, &b, &alpha, &out};
+    int n = alpha.obj == Py_None ? 2 : 3;
+    all[n] = &out;
+    for (int i = 0; i < n; i++)
+        if (read_arg(all[i]) < 0)
+            return NULL;
+    static const fi_dtype e4m3[] = {FI_DTYPE_E4M3FN};
+    if (check_devices("mm_fp8", all, n) < 0 || check_dtype(&a, e4m3, 1) < 0 ||
+        check_dtype(&b, e4m3, 1) < 0 || check_ndim(&a, 2, "[m, k]") < 0 ||
+        check_ndim(&b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") < 0)
+        return NULL;
+    if (b.t.shape[2] != 128 || b.t.shape[0] * 128 != a.t.shape[1])
+        return PyErr_Format(PyExc_ValueError,
+                            "b: shape [%lld, %lld, %lld] does not fit a's k = %lld; expected "
+                            "[k // 128, n, 128] with k a multiple of 128",
+                            (long long)b.t.shape[0], (long long)b.t.shape[1],
+                            (long long)b.t.shape[2], (long long)a.t.shape[1]);
+    int64_t want[2] = {a.t.shape[0], b.t.shape[1]};
+    if ((n == 3 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
+        check_devices("mm_fp8", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
+        check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0 ||
+        check_threads(num_threads) < 0)
+        return NULL;
+    fi_gemm_fp8_params p = {.out = out.t, .b = b.t, .b_layout = FI_GEMM_B_BLOCK_K128,
+                            .a_scale = n == 3 ? alpha.t.data : NULL, .num_threads = num_threads};
+    /* a as a batch of one: [1, m, k] */
+    p.a = a.t;
+    p.a.ndim = 3;
+    p.a.shape[0] = 1, p.a.shape[1] = a.t.shape[0], p.a.shape[2] = a.t.shape[1];
+    p.a.stride[0] = 0, p.a.stride[1] = a.t.stride[0], p.a.stride[2] = a.t.stride[1];
+    p.out.ndim = 3;
+    p.out.shape[0] = 1, p.out.shape[1] = out.t.shape[0], p.out.shape[2] = out.t.shape[1];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp8_cpu(&p);
+    Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp8");
+}
+
+static int check_layout(int layout)
+{
+    if (layout == FI_SF_LAYOUT_128X4 || layout == FI_SF_LAYOUT_8X4 ||
+        layout == FI_SF_LAYOUT_LINEAR)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "sf_layout: %d is not a layout; expected 0 (128x4), 1 (8x4) or 2 (linear)",
+                 layout);
+    return -1;
+}
+
+static int check_sf_numel(const tensor_arg *a, int64_t want)
+{
+    if (fi_tensor_numel(&a->t) == want)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: holds %lld scale bytes but the layout needs %lld", a->name,
+                 (long long)fi_tensor_numel(&a->t), (long long)want);
+    return -1;
+}
+
+PyDoc_STRVAR(fp4_quantize_doc,
+             "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
+             "             is_global_scale_inversed, num_threads)\n--\n\n"
+             "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.");
+
+static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    tensor_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"}, sf = {.name = "sf"};
+    int sv, ue8m0, layout, inversed, num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOipipi:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
+                          &ue8m0, &layout, &inversed, &num_threads))
+        return NULL;
+    tensor_arg *all[4] = {&x, &xq, &sf, &gs};
+    int n = gs.obj == Py_None ? 3 : 4;
+    for (int i = 0; i < n; i++)
+        if (read_arg(all[i]) < 0)
+            return NULL;
+    static const fi_dtype floats[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
+    static const fi_dtype u8[] = {FI_DTYPE_U8};
+    if (check_devices("fp4_quantize", all, n) < 0 || check_dtype(&x, floats, 3) < 0 ||
+        check_ndim(&x, 2, "[m, k]") < 0 || check_layout(layout) < 0 ||
+        check_threads(num_threads) < 0)
+        return NULL;
+    if (sv != 16 && sv != 32)
+        return PyErr_Format(PyExc_ValueError, "sf_vec_size: %d is not supported; expected 16 or 32",
+                            sv);
+    int64_t m = x.t.shape[0], k = x.t.shape[1];
+    if (k % sv != 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "input: k = %lld (the last dimension) must be a multiple of "
+                            "sf_vec_size = %d",
+                            (long long)k, sv);
+    int64_t want_q[2] = {m, k / 2};
+    if ((n == 4 && check_scalar_f32(&gs) < 0) || check_dtype(&xq, u8, 1) < 0 ||
+        check_shape(&xq, want_q, 2) < 0 || check_contiguous(&xq) < 0 ||
+        check_dtype(&sf, u8, 1) < 0 || check_contiguous(&sf) < 0 ||
+        check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
+        return NULL;
+    fi_fp4_quantize_params p = {.x = x.t, .x_q = xq.t.data, .sf = sf.t.data,
+                                .global_scale = n == 4 ? gs.t.data : NULL,
+                                .global_scale_inversed = inversed, .sf_vec_size = sv,
+                                .sf_ue8m0 = ue8m0, .sf_layout = (fi_sf_layout)layout,
+                                .num_threads = num_threads};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = fi_fp4_quantize_cpu(&p);
+    Py_END_ALLOW_THREADS return kernel_result(rc, "fp4_quantize");
+}
+
+PyDoc_STRVAR(mm_fp4_doc,
+             "mm_fp4(a, b, a_descale, b_descale, alpha, out, block_size, sf_layout, sf_ue8m0,\n"
+             "       num_threads)\n--\n\n"
+             "out = alpha * dequant(a) @ dequant(b) for packed fp4 a [m, k/2], b [k/2, n].");
+
+static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
+{
+    (void)self;
+    tensor_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"}, bsf = {.name = "b_descale"}, alpha = {.name = "alpha"},
+               out = {.name = "out"};
+    int bs, layout, ue8m0, num_threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOiipi:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
+                          &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads))
+        return NULL;
+    tensor_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
+    int n = alpha.obj == Py_None ? 4 : 5;
+    all[n] = &out;
+    for (int i = 0; i < n; i++)
+        if (read_arg(all[i]) < 0)
+            return NULL;
+    static const fi_dtype packed[] = {FI_DTYPE_U8, FI_DTYPE_FP4X2};
+    static const fi_dtype scales[] = {FI_DTYPE_U8, FI_DTYPE_E4M3FN, FI_DTYPE_E8M0FNU};
+    if (check_devices("mm_fp4", all, n) < 0 || check_dtype(&a, packed, 2) < 0 ||
+        check_dtype(&b, packed, 2) < 0 || check_ndim(&a, 2, "[m, k/2]") < 0 ||
+        check_ndim(&b, 2, "[k/2, n]") < 0 || check_layout(layout) < 0 ||
+        check_threads(num_threads) < 0)
+        return NULL;
+    if (bs != 16 && bs != 32)
+        return PyErr_Format(PyExc_ValueError, "block_size: %d is not supported; expected 16 or 32",
+                            bs);
+    if (b.t.shape[0] != a.t.shape[1])
+        return PyErr_Format(PyExc_ValueError,
+                            "b: k/2 = %lld (b.shape[0]) does not match a's k/2 = %lld "
+                            "(a.shape[1])",
+                            (long long)b.t.shape[0], (long long)a.t.shape[1]);
+    int64_t m = a.t.shape[0], n_out = b.t.shape[1], k = a.t.shape[1] * 2;
+    if (k % bs != 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "a: k = %lld (2 * a.shape[1]) must be a multiple of block_size = %d",
+                            (long long)k, bs);
+    int64_t want[2] = {m, n_out};
+    if (check_dtype(&asf, scales, 3) < 0 || check_dtype(&bsf, scales, 3) < 0 ||
+        check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
+        check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, (fi_sf_layout)layout)) < 0)
+        return NULL;
+    tensor_arg *sfs[2] = {&asf, &bsf};
+    for (int i = 0; i < 2; i++)
+        if (!is_dense(&sfs[i]->t))
+            return PyErr_Format(PyExc_ValueError,
+                                "%s: must be contiguous (or the .T of a contiguous tensor), "
+                                "as nvfp4_quantize returns it",
+                                sfs[i]->name);
+    if ((n == 5 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
+        check_devices("mm_fp4", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
+        check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0)
+        return NULL;
+    fi_gemm_fp4_params p = {.a = a.t, .b = b.t, .a_sf = asf.t.data, .b_sf = bsf.t.data,
+                            .sf_layout = (fi_sf_layout)layout, .block_size = bs,
+                            .sf_ue8m0 = ue8m0, .alpha = n == 5 ? alpha.t.data : NULL,
+                            .out = out.t, .num_threads = num_threads};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp4_cpu(&p);
+    Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp4");
+}
+
+static PyMethodDef gemm_methods[] = {
+    {"bmm_fp8", py_bmm_fp8, METH_VARARGS, bmm_fp8_doc},
+    {"mm_fp8", py_mm_fp8, METH_VARARGS, mm_fp8_doc},
+    {"fp4_quantize", py_fp4_quantize, METH_VARARGS, fp4_quantize_doc},
+    {"mm_fp4", py_mm_fp4, METH_VARARGS, mm_fp4_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int fi_gemm_exec(PyObject *module) { return PyModule_AddFunctions(module, gemm_methods); }
