@@ -25,5 +25,7 @@ int fi_tensor_exec(PyObject *module);
 int fi_logger_exec(PyObject *module);
 int fi_wrapper_exec(PyObject *module);
 int fi_stats_exec(PyObject *module);
+int fi_json_exec(PyObject *module);
+int fi_tensorio_exec(PyObject *module);
 
 #endif
