@@ -37,6 +37,8 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_logger_exec},
     {Py_mod_exec, fi_wrapper_exec},
     {Py_mod_exec, fi_gemm_exec},
+    {Py_mod_exec, fi_json_exec},
+    {Py_mod_exec, fi_tensorio_exec},
     {0, NULL},
 };
 

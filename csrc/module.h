@@ -27,5 +27,7 @@ int fi_wrapper_exec(PyObject *module);
 int fi_format_exec(PyObject *module);
 int fi_stats_exec(PyObject *module);
 int fi_gemm_exec(PyObject *module);
+int fi_json_exec(PyObject *module);
+int fi_tensorio_exec(PyObject *module);
 
 #endif

@@ -1,0 +1,95 @@
+"""flashinfer._C.json_dumps writes exactly what json.dumps writes."""
+
+import json
+
+import pytest
+
+from flashinfer import _C
+
+TRICKY = [
+    "plain",
+    'quote " backslash \\ slash /',
+    "\n\r\t\b\f\x00\x01\x1f\x7f",
+    "caf\u00e9 \u2028 \uffff",
+    "astral \U0001f600 \U0010ffff",
+    "lone \ud800 surrogate \udfff",
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    -0.0,
+    0.0,
+    1e16,
+    1e15,
+    0.1,
+    1 / 3,
+    5e-324,
+    1.7976931348623157e308,
+    1e-7,
+    123456789.0,
+    2**64,
+    -(2**100),
+    0,
+    -1,
+    True,
+    False,
+    None,
+    [],
+    {},
+    (),
+    [1, (2, 3), {"a": [None, {"b": ()}]}],
+    {"k": {1: 2, 1.5: 3, True: 4, None: 5, float("nan"): 6, "\u00e9": 7}},
+]
+
+
+@pytest.mark.parametrize("value", TRICKY, ids=[repr(v)[:30] for v in TRICKY])
+def test_json_dumps_matches_python_json(value):
+    assert _C.json_dumps(value) == json.dumps(value)
+
+
+def test_json_dumps_int_and_float_subclasses_use_base_repr():
+    class MyInt(int):
+        def __repr__(self):
+            return "nope"
+
+    class MyFloat(float):
+        def __repr__(self):
+            return "nope"
+
+    value = [MyInt(7), MyFloat(2.5)]
+    assert _C.json_dumps(value) == json.dumps(value) == "[7, 2.5]"
+
+
+def test_json_dumps_rejects_unknown_type():
+    with pytest.raises(TypeError, match="Object of type set is not JSON serializable"):
+        _C.json_dumps({"a": {1, 2}})
+
+
+def test_json_dumps_rejects_bad_key():
+    with pytest.raises(TypeError, match="keys must be str, int, float, bool or None, not tuple"):
+        _C.json_dumps({(1, 2): 3})
+
+
+def test_json_dumps_deep_nesting_raises_recursion_error():
+    value = []
+    for _ in range(100000):
+        value = [value]
+    with pytest.raises(RecursionError):
+        _C.json_dumps(value)
+
+
+def test_json_loads_round_trips_tricky_strings():
+    for s in TRICKY[:6]:
+        assert _C.json_loads(json.dumps(s)) == s
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": 1', "[1, 2,]", '"abc', "01", "nul", "[1] x", '{"a" 1}', '"\\q"', "-"]
+)
+def test_json_loads_rejects_malformed_text(text):
+    with pytest.raises(ValueError, match="invalid JSON at byte"):
+        _C.json_loads(text)
+
+
+def test_json_loads_rejects_nesting_deeper_than_64():
+    with pytest.raises(ValueError, match="nesting deeper than 64"):
+        _C.json_loads("[" * 65 + "]" * 65)
