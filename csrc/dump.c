@@ -311,16 +311,20 @@ static void sink_free(tensor_sink *ts)
 
 /* ------------------------------------------------------------ file system */
 
-/* Every character outside [A-Za-z0-9._-] becomes '_'. */
+/* Every character outside [A-Za-z0-9._-] becomes '_' (one per character: UTF-8
+ * continuation bytes are dropped). */
 static void sanitize_name(char *s)
 {
+    char *out = s;
     for (; *s; s++) {
-        char c = *s;
+        unsigned char c = (unsigned char)*s;
+        if ((c & 0xc0) == 0x80)
+            continue;
         int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
                  c == '.' || c == '_' || c == '-';
-        if (!ok)
-            *s = '_';
+        *out++ = ok ? (char)c : '_';
     }
+    *out = '\0';
 }
 
 /* Creates the dump root (mode 0700 when we create it, parents too). */

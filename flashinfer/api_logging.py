@@ -13,6 +13,7 @@ outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recor
 import contextlib
 import functools
 import inspect
+import os
 import platform
 
 import torch
@@ -150,6 +151,31 @@ def flashinfer_api(func=None, *, trace=None):
     if _API_LOG_LEVEL == 0:
         return func
     return _wrap(func)
+
+
+def load_tensors(path):
+    """Load a dumped ``.pt`` or ``.safetensors`` file into a dict of tensors.
+
+    A strict native reader: it never executes pickle code, restores the recorded
+    shape, stride, dtype and ``requires_grad`` (strides of safetensors files from
+    their ``__metadata__``) and memory-maps the file where it can.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The tensor file.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+
+    Raises
+    ------
+    ValueError, OSError
+        For a missing, truncated, corrupt or hostile file; the message names the file
+        and the problem.
+    """
+    return _C.load_tensors(os.fspath(path))
 
 
 @contextlib.contextmanager

@@ -309,8 +309,19 @@ def test_size_cap_crossed_by_outputs_skips_outputs_file(level10, tmp_path):
 @pytest.mark.parametrize(
     "include, exclude, dumped",
     [
-        ("*decode*", "", ["single_decode_with_kv_cache", "DecodeWrapper.plan", "DecodeWrapper.run"]),
-        ("", "*.__init__,*.plan", ["single_decode_with_kv_cache", "mm_fp8", "DecodeWrapper.run"]),
+        ("*decode*", "", ["single_decode_with_kv_cache"]),
+        (
+            "",
+            "*.__init__,*.plan",
+            [
+                "single_decode_with_kv_cache",
+                "single_prefill_with_kv_cache",
+                "mm_fp8",
+                "fp8_quantize",
+                "DecodeWrapper.run",
+            ],
+        ),
+        ("*Decode*", "", ["DecodeWrapper.__init__", "DecodeWrapper.plan", "DecodeWrapper.run"]),
         ("*Wrapper.run", "", ["DecodeWrapper.run"]),
         ("single_*", "*prefill*", ["single_decode_with_kv_cache"]),
         ("DecodeWrapper.run", "", ["DecodeWrapper.run"]),
