@@ -182,7 +182,7 @@ def _load_tensors(dump_dir, stem, record, key_list_name, device):
     if path is None:
         if listed:
             raise FileNotFoundError(
-                f"{os.path.join(dump_dir, stem)}.pt/.safetensors: {stem} file is missing "
+                f"{dump_dir}: {stem} file ({stem}.pt or {stem}.safetensors) is missing "
                 f"but metadata lists tensors {listed[:5]}"
             )
         return {}, None
@@ -618,6 +618,67 @@ def _api_name(records, dir_name):
     return match.group(3) if match else dir_name
 
 
+def ordered_dumps(root_dir, include=None, exclude=None):
+    """Dumps under ``root_dir`` passing the filters, in call order.
+
+    Order: ``(timestamp, process_id, sequence)`` when every readable dump has
+    ``sequence`` (unreadable ones take their place from the directory name), else the
+    directory name.
+
+    Returns
+    -------
+    list of (str, list or None)
+        Dump path and its metadata records (None when they cannot be read).
+    """
+    include, exclude = _split_patterns(include), _split_patterns(exclude)
+    entries = []
+    for path in find_dump_dirs(root_dir):
+        name = os.path.basename(path)
+        try:
+            records = read_metadata(path)
+        except (OSError, ValueError):
+            records = None
+        api = _api_name(records, name)
+        if include and not any(fnmatch.fnmatchcase(api, p) for p in include):
+            continue
+        if any(fnmatch.fnmatchcase(api, p) for p in exclude):
+            continue
+        entries.append((path, records))
+    keys = [_order_key(r[0] if r else None, os.path.basename(p)) for p, r in entries]
+    if all(k is not None for k, (_, r) in zip(keys, entries) if r):
+        keys = [
+            k if k is not None else _fallback_key(os.path.basename(p))
+            for k, (p, _) in zip(keys, entries)
+        ]
+    else:
+        keys = [os.path.basename(p) for p, _ in entries]
+    return [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
+
+
+def replay_entry(path, records, registry, device=None, rtol=1e-3, atol=1e-3):
+    """Replay one dump of a sequence; never raises (failures become ``{"error"}``)."""
+    last = records[-1] if records else {}
+    incomplete = last.get("execution_status") == "inputs_saved"
+    try:
+        result = replay_from_dump(
+            path,
+            compare_outputs=not incomplete,
+            device=device,
+            run=not incomplete,
+            object_registry=registry,
+            rtol=rtol,
+            atol=atol,
+        )
+    except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
+        result = {
+            "error": f"{type(exc).__name__}: {exc}",
+            "metadata": last,
+            "traceback": traceback.format_exc(),
+        }
+    result["dump_dir"] = path
+    return result
+
+
 def replay_sequence(root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, exclude=None):
     """Replay every dump under ``root_dir`` in call order with one object registry.
 
@@ -641,52 +702,12 @@ def replay_sequence(root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, e
         "metadata"}`` and the run goes on. Calls whose process died (status
         ``inputs_saved``) are loaded, not run, and marked ``incomplete``.
     """
-    include, exclude = _split_patterns(include), _split_patterns(exclude)
     device = _resolve_device(device)
-    entries = []
-    for path in find_dump_dirs(root_dir):
-        name = os.path.basename(path)
-        try:
-            records = read_metadata(path)
-        except (OSError, ValueError):
-            records = None
-        api = _api_name(records, name)
-        if include and not any(fnmatch.fnmatchcase(api, p) for p in include):
-            continue
-        if any(fnmatch.fnmatchcase(api, p) for p in exclude):
-            continue
-        entries.append((path, name, records))
-    keys = [_order_key(r[0] if r else None, n) for _, n, r in entries]
-    if all(k is not None for k, (_, _, r) in zip(keys, entries) if r):
-        keys = [k if k is not None else _fallback_key(n) for k, (_, n, _) in zip(keys, entries)]
-    else:
-        keys = [n for _, n, _ in entries]
-    ordered = [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
-
     registry = {}
-    results = []
-    for path, _, records in ordered:
-        last = records[-1] if records else {}
-        incomplete = last.get("execution_status") == "inputs_saved"
-        try:
-            result = replay_from_dump(
-                path,
-                compare_outputs=not incomplete,
-                device=device,
-                run=not incomplete,
-                object_registry=registry,
-                rtol=rtol,
-                atol=atol,
-            )
-        except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
-            result = {
-                "error": f"{type(exc).__name__}: {exc}",
-                "metadata": last,
-                "traceback": traceback.format_exc(),
-            }
-        result["dump_dir"] = path
-        results.append(result)
-    return results
+    return [
+        replay_entry(path, records, registry, device, rtol, atol)
+        for path, records in ordered_dumps(root_dir, include, exclude)
+    ]
 
 
 def classify(result):
