@@ -144,7 +144,7 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
         status = _replay.classify(result)
         counts[status] += 1
         click.echo(_call_line(index, result, status, tty))
-        mismatches = result.get("mismatches") or []
+        mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
         for line in mismatches if verbose else mismatches[:3]:
             click.echo(f"    {line}")
         if verbose and status == "error" and result.get("traceback"):
