@@ -32,6 +32,11 @@ def cli():
     """flashinfer: replay and inspect level-10 flight-recorder dumps."""
 
 
+def _stdout_is_terminal():
+    """Colour and progress only for a person watching, never in pipes or files."""
+    return sys.stdout.isatty()
+
+
 def _device_option(ctx, param, value):
     if value is None:
         return None
@@ -119,7 +124,7 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
     Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
     incomplete (or none was found), 2 for bad arguments or a missing directory.
     """
-    tty = sys.stdout.isatty()
+    tty = _stdout_is_terminal()
     device = _replay._resolve_device(device)
     single = os.path.isfile(os.path.join(dump_dir, _replay.METADATA_FILE))
     if single:
@@ -231,6 +236,13 @@ def _dir_bytes(path):
     return total
 
 
+def _as_int(value):
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def summarize_session(root):
     """Summary of a dump root: calls per API and completed/exception/incomplete dumps."""
     records, bad, source = _session_records(root)
@@ -243,18 +255,20 @@ def summarize_session(root):
     recorded = 0
     for dump, record in last.items():
         name = os.path.basename(dump.rstrip("/"))
-        info = record.get("tensor_info") or {}
+        info = record.get("tensor_info")
+        info = info if isinstance(info, dict) else {}
         status = record.get("execution_status")
         if status == "completed":
             completed.append(name)
-            recorded += int(info.get("total_size_bytes") or info.get("input_size_bytes") or 0)
+            recorded += _as_int(info.get("total_size_bytes") or info.get("input_size_bytes"))
         elif status == "exception":
-            exc = record.get("exception") or {}
+            exc = record.get("exception")
+            exc = exc if isinstance(exc, dict) else {}
             exceptions.append({"dir": name, "type": exc.get("type"), "message": exc.get("message")})
-            recorded += int(info.get("input_size_bytes") or 0)
+            recorded += _as_int(info.get("input_size_bytes"))
         else:
             incomplete.append(name)
-            recorded += int(info.get("input_size_bytes") or 0)
+            recorded += _as_int(info.get("input_size_bytes"))
     return {
         "root": os.path.abspath(root),
         "source": source or "metadata.jsonl files (no session.jsonl)",

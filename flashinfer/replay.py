@@ -503,6 +503,11 @@ def replay_from_dump(
     records = read_metadata(dump_dir)
     record = records[-1]
     where = os.path.join(dump_dir, METADATA_FILE)
+    for key in ("input_metadata", "output_metadata", "tensor_info"):
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            raise ValueError(
+                f"{where}: {key!r} is a JSON {type(record[key]).__name__}, expected an object"
+            )
     status = record.get("execution_status")
     with _suspend_dumps():
         tensors, inputs_path = _load_tensors(
@@ -592,7 +597,12 @@ def _order_key(first_record, dir_name):
         return None
     ts = first_record.get("timestamp")
     ts_key = (0, float(ts), "") if isinstance(ts, (int, float)) else (1, 0.0, str(ts))
-    return (ts_key, int(first_record.get("process_id") or 0), first_record["sequence"], dir_name)
+    try:
+        pid = int(first_record.get("process_id") or 0)
+        sequence = int(first_record["sequence"])
+    except (TypeError, ValueError):
+        return None
+    return (ts_key, pid, sequence, dir_name)
 
 
 def _fallback_key(dir_name):

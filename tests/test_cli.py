@@ -181,6 +181,15 @@ def test_no_colour_codes_when_not_a_terminal(session, root):
     assert "\x1b[" not in result.output
 
 
+def test_colour_and_progress_when_a_terminal(session, root, monkeypatch):
+    import flashinfer.__main__ as main
+
+    monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
+    result = CliRunner().invoke(cli, ["replay", "--dir", root, "--device", "cpu"], color=True)
+    assert f"  replaying 1/5 {names(session)[0]}...\r\x1b[K[1] scale_add" in result.output
+    assert "\x1b[32m✅ Passed\x1b[0m" in result.output
+
+
 def test_dumps_summary_text(session, root):
     session.crash(h.scale_add, torch.ones(2), torch.ones(2))
     n = names(session)
@@ -205,6 +214,15 @@ def test_dumps_summary_json(session, root):
     recorded = 4 * 4 * 3 + 8 + 3 * 8 + 4 * 3 * 4 + 2 * 3 * 4 + 2 * 4 + 2 * 4 * 2
     assert data["recorded_bytes"] == recorded
     assert data["disk_bytes"] > recorded
+
+
+def test_dumps_skips_unreadable_session_lines(session, root):
+    with open(os.path.join(root, "session.jsonl"), "a") as f:
+        f.write('{"truncated": \n[1]\n')
+    result = invoke("dumps", "--dir", root)
+    assert result.exit_code == 0
+    assert "Unreadable records skipped: 2" in result.output
+    assert "5 calls: 4 completed, 1 exception, 0 incomplete" in result.output
 
 
 def test_dumps_without_session_file_reads_dump_dirs(session, root):

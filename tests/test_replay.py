@@ -128,6 +128,22 @@ def test_recorded_strides_restored(root, fmt):
     assert args[0].device.type == DEVICE
 
 
+def test_tensors_moved_to_another_device_keep_strides_and_offset(writer):
+    base = torch.arange(40.0).reshape(5, 8)
+    view = base[1:, 2:].t()
+    writer.call(h.scale_add, view, view)
+    arg = replay_from_dump(writer.dirs[0], device="meta")["args"][0]
+    assert arg.device.type == "meta" and arg.shape == view.shape
+    assert arg.stride() == view.stride() and arg.storage_offset() == view.storage_offset()
+
+
+def test_safetensors_requires_grad_restored(root):
+    writer = h.DumpWriter(root, fmt="safetensors")
+    writer.crash(h.scale_add, torch.ones(3, requires_grad=True), torch.ones(3))
+    args = replay_from_dump(writer.dirs[0], device="cpu")["args"]
+    assert args[0].requires_grad and not args[1].requires_grad
+
+
 def test_default_device_is_cuda_when_available_else_cpu(writer):
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
     args = replay_from_dump(writer.dirs[0])["args"]
@@ -364,6 +380,26 @@ def test_metadata_line_that_is_not_an_object_is_an_error(writer):
         f.write("[1, 2]\n")
     with pytest.raises(ValueError, match=r"line 1 is a JSON list, expected an object"):
         replay_from_dump(writer.dirs[0])
+
+
+def test_malformed_record_field_error_names_file(writer):
+    writer.call(h.scale_add, torch.ones(2), torch.ones(2))
+    _rewrite_last_record(writer.dirs[0], input_metadata=[1, 2])
+    with pytest.raises(ValueError, match=r"metadata\.jsonl: 'input_metadata' is a JSON list"):
+        replay_from_dump(writer.dirs[0])
+
+
+def test_sequence_with_malformed_sequence_values_orders_by_name(root):
+    writer = h.DumpWriter(root)
+    for _ in range(3):
+        writer.call(h.scale_add, torch.ones(1), torch.ones(1))
+    _rewrite_last_record(writer.dirs[0], sequence="first")
+    with open(os.path.join(writer.dirs[0], "metadata.jsonl")) as f:
+        lines = f.read().splitlines()
+    with open(os.path.join(writer.dirs[0], "metadata.jsonl"), "w") as f:
+        f.write(lines[-1] + "\n")
+    results = replay_sequence(root, device="cpu")
+    assert [r["dump_dir"] for r in results] == sorted(writer.dirs)
 
 
 def test_missing_inputs_file_error_names_dump(writer):
