@@ -619,3 +619,14 @@ def test_compare_values_reports_each_difference():
         (torch.ones(2), [1, 2], {"a": float("nan")}), (torch.ones(3), [1, 3], {"a": float("nan")})
     )
     assert diffs == ["result[0]: shape (2,) != recorded (3,)", "result[1][1]: 2 != recorded 3"]
+
+
+def test_compare_values_handles_low_precision_and_nan():
+    fp8 = torch.tensor([0.5, -2.0, 448.0]).to(torch.float8_e4m3fn)
+    assert rp.compare_values(fp8, fp8.clone()) == []
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.bfloat16)
+    assert rp.compare_values(nan, nan.clone()) == []
+    other = torch.tensor([float("nan"), 1.5], dtype=torch.bfloat16)
+    assert rp.compare_values(other, nan) == [
+        "result: values differ beyond rtol=0.001, atol=0.001 (max abs diff 0.5)"
+    ]
