@@ -1,0 +1,351 @@
+"""APIs to record and replay in tests, and a dump writer that follows SPEC 4.
+
+The functions and the wrapper class are decorated with ``flashinfer_api`` like the real
+kernel APIs, so replay resolves them by import (``module`` + ``function_name``).
+``DumpWriter`` writes level-10 dumps the way the recorder does (our format, or
+FlashInfer's: no ``sequence`` key) so replay can be tested before the C recorder lands.
+"""
+
+import enum
+import inspect
+import json
+import os
+import sys
+from datetime import datetime
+
+import torch
+
+from flashinfer.api_logging import flashinfer_api
+
+
+class Reduction(enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+
+
+@flashinfer_api
+def scale_add(x, y, alpha=1.0):
+    """``x * alpha + y``."""
+    return x * alpha + y
+
+
+@flashinfer_api
+def reduce_rows(x, mode=Reduction.SUM, dtype=torch.float32, device=None):
+    """Row reduction of ``x`` in ``dtype``, on ``device`` (default: x's device)."""
+    x = x.to(dtype=dtype, device=device if device is not None else x.device)
+    return x.sum(dim=-1) if mode is Reduction.SUM else x.amax(dim=-1)
+
+
+@flashinfer_api
+def concat(tensors, dim=0):
+    """``torch.cat`` of a list of tensors."""
+    return torch.cat(list(tensors), dim=dim)
+
+
+@flashinfer_api
+def split_halves(x):
+    """``(first half, second half, length)`` along dim 0: a tuple with a non-tensor item."""
+    n = x.shape[0] // 2
+    return x[:n].clone(), x[n:].clone(), int(x.shape[0])
+
+
+@flashinfer_api
+def summarize(x):
+    """A dict holding a tensor and plain values."""
+    return {"total": x.sum(dim=0), "count": int(x.numel()), "name": "summary"}
+
+
+@flashinfer_api
+def check_positive(x):
+    """Return ``x * 2``; raise ValueError when ``x`` has a negative element."""
+    if bool((x < 0).any()):
+        raise ValueError("check_positive: x has negative elements")
+    return x * 2
+
+
+@flashinfer_api
+def fill_out(x, out):
+    """Write ``x + 1`` into ``out`` and return it (the ``out=`` convention)."""
+    out.copy_(x + 1)
+    return out
+
+
+class SegmentSumWrapper:
+    """Stateful like FlashInfer's wrappers: ``plan`` fixes segments, ``run`` uses them."""
+
+    @flashinfer_api
+    def __init__(self, workspace, layout="NHD"):
+        self.workspace = workspace
+        self.layout = layout
+        self.indptr = None
+
+    @flashinfer_api
+    def plan(self, indptr, scale, out_dtype=torch.float32):
+        self.indptr = [int(v) for v in indptr.tolist()]
+        self.scale = float(scale)
+        self.out_dtype = out_dtype
+
+    @flashinfer_api
+    def run(self, x, return_lse=False):
+        if self.indptr is None:
+            raise RuntimeError("run() called before plan()")
+        segments = [x[a:b].sum(dim=0) * self.scale for a, b in zip(self.indptr, self.indptr[1:])]
+        out = torch.stack(segments).to(self.out_dtype)
+        if return_lse:
+            return out, torch.logsumexp(out, dim=-1)
+        return out
+
+
+# ----------------------------------------------------------------------- the writer
+
+
+def encode(value, key, tensors):
+    """SPEC 4.3 JSON encoding of one value; nested tensors go into ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value
+        return {
+            "type": "torch.Tensor",
+            "shape": list(value.shape),
+            "dtype": str(value.dtype),
+            "stride": list(value.stride()),
+            "device": str(value.device),
+            "requires_grad": value.requires_grad,
+            "is_contiguous": value.is_contiguous(),
+            "tensor_key": key,
+        }
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.dtype):
+        return {"type": "torch.dtype", "value": str(value)}
+    if isinstance(value, enum.Enum):
+        cls = type(value)
+        return {
+            "type": "enum",
+            "name": f"{cls.__name__}.{value.name}",
+            "value": value.value,
+            "class": f"{cls.__module__}.{cls.__qualname__}",
+        }
+    if isinstance(value, torch.device):
+        return {"type": "torch.device", "value": str(value)}
+    if isinstance(value, (list, tuple)):
+        return {
+            "type": type(value).__name__,
+            "length": len(value),
+            "items": [encode(v, f"{key}__{i}", tensors) for i, v in enumerate(value)],
+            "truncated": False,
+        }
+    if isinstance(value, dict):
+        items = [
+            {
+                "key": encode(k, f"{key}__key_{i}", tensors),
+                "value": encode(v, f"{key}__value_{i}", tensors),
+            }
+            for i, (k, v) in enumerate(value.items())
+        ]
+        return {"type": "dict", "length": len(value), "items": items, "truncated": False}
+    return {"type": type(value).__name__, "repr": repr(value)[:1000]}
+
+
+def _encode_top(key, value, metadata, tensors):
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value
+    else:
+        metadata[key] = encode(value, key, tensors)
+
+
+def _details(tensors):
+    return {
+        k: {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype),
+            "stride": list(t.stride()),
+            "device": str(t.device),
+        }
+        for k, t in tensors.items()
+    }
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class DumpWriter:
+    """Writes level-10 dumps under ``root`` following SPEC 4.
+
+    Parameters
+    ----------
+    root : str
+        Dump root (``FLASHINFER_DUMP_DIR``).
+    fmt : {"torch", "safetensors"}
+        Tensor file format.
+    flashinfer_style : bool
+        Write FlashInfer's records: no ``sequence`` key.
+    timestamp : str, optional
+        Fixed timestamp for every call (to force equal timestamps); default: now.
+    """
+
+    def __init__(self, root, fmt="torch", flashinfer_style=False, timestamp=None, pid=None):
+        self.root = str(root)
+        self.fmt = fmt
+        self.flashinfer_style = flashinfer_style
+        self.timestamp = timestamp
+        self.pid = pid if pid is not None else os.getpid()
+        self.sequence = 0
+        self.counters = {}
+        self.dirs = []
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+
+    # -- public: record a call the way the decorator would see it
+    def call(self, func, *args, **kwargs):
+        """Record and run a plain function."""
+        raw = inspect.unwrap(func)
+        return self._record(func.__name__, raw, func, args, kwargs, None, False)
+
+    def crash(self, func, *args, **kwargs):
+        """Record only the inputs and line 1, as when the process dies inside the call."""
+        raw = inspect.unwrap(func)
+        return self._record(func.__name__, raw, func, args, kwargs, None, True)
+
+    def construct(self, cls, *args, **kwargs):
+        """Record ``Cls.__init__`` (self is ``arg_0``) and return the new object."""
+        obj = cls.__new__(cls)
+        init = inspect.unwrap(cls.__init__)
+        self._record(
+            f"{cls.__name__}.__init__",
+            init,
+            lambda *a, **k: init(obj, *a, **k),
+            (obj, *args),
+            kwargs,
+            id(obj),
+            False,
+            run_args=args,
+        )
+        return obj
+
+    def method(self, obj, name, *args, **kwargs):
+        """Record and run ``obj.name(*args, **kwargs)``."""
+        raw = inspect.unwrap(getattr(type(obj), name))
+        bound = getattr(obj, name)
+        return self._record(
+            f"{type(obj).__name__}.{name}",
+            raw,
+            bound,
+            (obj, *args),
+            kwargs,
+            id(obj),
+            False,
+            run_args=args,
+        )
+
+    # -- internals
+    def _save(self, dump_dir, stem, tensors):
+        if self.fmt == "safetensors":
+            from safetensors.torch import save_file
+
+            path = os.path.join(dump_dir, stem + ".safetensors")
+            meta = {
+                "flashinfer.strides": json.dumps({k: list(t.stride()) for k, t in tensors.items()}),
+                "flashinfer.requires_grad": json.dumps(
+                    {k: t.requires_grad for k, t in tensors.items()}
+                ),
+            }
+            data = {k: t.detach().cpu().contiguous().clone() for k, t in tensors.items()}
+            save_file(data, path + ".tmp", metadata=meta)
+        else:
+            path = os.path.join(dump_dir, stem + ".pt")
+            torch.save({k: t.detach().cpu() for k, t in tensors.items()}, path + ".tmp")
+        os.rename(path + ".tmp", path)
+
+    def _append(self, dump_dir, record):
+        line = json.dumps(record) + "\n"
+        for path in (
+            os.path.join(dump_dir, "metadata.jsonl"),
+            os.path.join(self.root, "session.jsonl"),
+        ):
+            with open(path, "a") as f:
+                f.write(line)
+
+    def _record(self, name, raw, runner, args, kwargs, self_id, crash, run_args=None):
+        count = self.counters[name] = self.counters.get(name, 0) + 1
+        self.sequence += 1
+        ts = self.timestamp or datetime.now().strftime("%Y%m%d_%H%M%S_%f")[:-3]
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        dump_dir = os.path.join(self.root, f"{ts}_pid{self.pid}_{safe}_call{count:04d}")
+        os.makedirs(dump_dir)
+        self.dirs.append(dump_dir)
+        in_meta, in_tensors = {}, {}
+        for i, value in enumerate(args):
+            _encode_top(f"arg_{i}", value, in_meta, in_tensors)
+        for k, value in kwargs.items():
+            _encode_top(f"kwarg_{k}", value, in_meta, in_tensors)
+        in_bytes = _nbytes(in_tensors)
+        record = {
+            "function_name": name,
+            "module": raw.__module__,
+            "call_sequence": count,
+            "timestamp": ts,
+            "process_id": self.pid,
+            "input_metadata": in_meta,
+            "output_metadata": {},
+            "tensor_info": {
+                "input_tensor_keys": list(in_tensors),
+                "output_tensor_keys": [],
+                "input_size_bytes": in_bytes,
+                "input_size_mb": in_bytes / 1048576,
+            },
+            "tensor_details": _details(in_tensors),
+            "tensor_format": self.fmt,
+            "function_signature": str(inspect.signature(raw)),
+            "versions": {
+                "torch": torch.__version__,
+                "python": sys.version.split()[0],
+                "flashinfer": "0.1.0",
+            },
+            "execution_status": "inputs_saved",
+            "graph_capture": False,
+            "dump_dir": dump_dir,
+        }
+        if self_id is not None:
+            record["self_id"] = self_id
+        if not self.flashinfer_style:
+            record["sequence"] = self.sequence
+        self._save(dump_dir, "inputs", in_tensors)
+        self._append(dump_dir, record)
+        if crash:
+            return None
+        try:
+            result = runner(*(run_args if run_args is not None else args), **kwargs)
+        except Exception as exc:
+            record = dict(
+                record,
+                execution_status="exception",
+                exception={"type": type(exc).__name__, "message": str(exc)},
+            )
+            self._append(dump_dir, record)
+            raise
+        out_meta, out_tensors = {}, {}
+        if isinstance(result, tuple):
+            for i, value in enumerate(result):
+                _encode_top(f"result_{i}", value, out_meta, out_tensors)
+        else:
+            _encode_top("result", result, out_meta, out_tensors)
+        out_bytes = _nbytes(out_tensors)
+        self._save(dump_dir, "outputs", out_tensors)
+        info = dict(
+            record["tensor_info"],
+            output_tensor_keys=list(out_tensors),
+            output_size_bytes=out_bytes,
+            output_size_mb=out_bytes / 1048576,
+            total_size_bytes=in_bytes + out_bytes,
+            total_size_mb=(in_bytes + out_bytes) / 1048576,
+        )
+        details = dict(record["tensor_details"], **_details(out_tensors))
+        record = dict(
+            record,
+            execution_status="completed",
+            output_metadata=out_meta,
+            tensor_info=info,
+            tensor_details=details,
+        )
+        self._append(dump_dir, record)
+        return result
