@@ -256,11 +256,14 @@ static int fill_tensor(const char *path, PyObject *key, PyObject *info, uint64_t
     int64_t st[FI_MAX_DIMS];
     if (rec && int_list(rec, st, FI_MAX_DIMS) == lt->ndim)
         memcpy(lt->stride, st, sizeof(st[0]) * (size_t)lt->ndim);
-    if (grads && PyList_Check(grads)) {
+    if (grads && PyList_Check(grads)) { /* ours: the keys that require grad */
         int has = PySequence_Contains(grads, key);
         if (has < 0)
             return -1;
         lt->requires_grad = has;
+    } else if (grads && PyDict_Check(grads)) { /* {key: bool} is accepted too */
+        PyObject *flag = PyDict_GetItem(grads, key);
+        lt->requires_grad = flag == Py_True;
     }
     lt->key = Py_NewRef(key);
     lt->data_offset = data_start + (uint64_t)be[0];

@@ -186,3 +186,8 @@ def _suspend_dumps():
         yield
     finally:
         _LOGGER.suspended -= 1
+
+
+from .replay import replay_from_dump, replay_sequence  # noqa: E402  (replay uses this module)
+
+__all__ = ["flashinfer_api", "load_tensors", "replay_from_dump", "replay_sequence"]
