@@ -120,7 +120,7 @@ static void layout_walk(const stats_layout *L, row_fn row, void *acc)
 
 /* ---- row kernels -------------------------------------------------------------------- */
 
-#define LANES 8       /* independent accumulators, so gcc vectorizes without -ffast-math */
+#define LANES 8 /* independent integer accumulators */
 #define CHUNK 65536   /* elements per flush of the 32-bit lane counters */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -143,93 +143,171 @@ typedef struct {
     uint64_t count[256];
 } byte_hist;
 
-/* binary16 -> float32 without branches (the float-bits trick of the FP16 library),
- * exact for every code including subnormals, infinities and NaN payloads. */
-ALWAYS_INLINE float f16_bits_to_f32(uint16_t h)
+/* Four lanes of float32 (two of float64) in GCC/Clang vector extensions: plain C
+ * arithmetic that compiles to SSE2 on x86-64 and NEON on arm64 without -ffast-math. */
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+typedef double f64x2 __attribute__((vector_size(16)));
+typedef int64_t i64x2 __attribute__((vector_size(16)));
+
+ALWAYS_INLINE f32x4 select_f32x4(i32x4 mask, f32x4 a, f32x4 b)
 {
-    uint32_t w = (uint32_t)h << 16;
-    uint32_t sign = w & 0x80000000u;
-    uint32_t two_w = w + w;
-    float normal = fi_bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    float denormal = fi_bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-    uint32_t bits = two_w < (1u << 27) ? fi_f32_bits(denormal) : fi_f32_bits(normal);
-    return fi_bits_f32(sign | bits);
+    return (f32x4)((mask & (i32x4)a) | (~mask & (i32x4)b));
+}
+
+ALWAYS_INLINE f64x2 select_f64x2(i64x2 mask, f64x2 a, f64x2 b)
+{
+    return (f64x2)((mask & (i64x2)a) | (~mask & (i64x2)b));
+}
+
+/* binary16 codes (in the low half of each lane) -> float32, without branches (the
+ * float-bits trick of the FP16 library): exact for subnormals, infinities and NaNs. */
+ALWAYS_INLINE f32x4 f16x4_to_f32x4(u32x4 h)
+{
+    u32x4 w = h << 16;
+    u32x4 sign = w & 0x80000000u;
+    u32x4 two_w = w + w;
+    f32x4 normal = (f32x4)((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    f32x4 denormal = (f32x4)((two_w >> 17) | (126u << 23)) - 0.5f;
+    i32x4 is_denormal = two_w < (1u << 27);
+    return (f32x4)(sign | (u32x4)select_f32x4(is_denormal, denormal, normal));
 }
 
 enum { LOAD_F32, LOAD_F16, LOAD_BF16 };
 
-ALWAYS_INLINE float load_float(const char *p, int kind)
+ALWAYS_INLINE f32x4 half_to_f32x4(u32x4 h, int kind)
 {
-    uint16_t h;
+    return kind == LOAD_BF16 ? (f32x4)(h << 16) : f16x4_to_f32x4(h);
+}
+
+/* Loads eight elements step bytes apart as two float32 vectors, in no particular order:
+ * sixteen contiguous bytes of a 2-byte kind are split into the low and high halves of
+ * each 32-bit lane. */
+ALWAYS_INLINE void load_f32x8(const char *p, int64_t step, int kind, f32x4 *v0, f32x4 *v1)
+{
+    if (kind == LOAD_F32) {
+        if (step == 4) {
+            memcpy(v0, p, 16);
+            memcpy(v1, p + 16, 16);
+            return;
+        }
+        for (int j = 0; j < 4; j++) {
+            memcpy((char *)v0 + 4 * j, p + j * step, 4);
+            memcpy((char *)v1 + 4 * j, p + (j + 4) * step, 4);
+        }
+        return;
+    }
+    if (step == 2) {
+        u32x4 w;
+        memcpy(&w, p, 16);
+        *v0 = half_to_f32x4(w & 0xffff, kind);
+        *v1 = half_to_f32x4(w >> 16, kind);
+        return;
+    }
+    u32x4 h0, h1;
+    for (int j = 0; j < 4; j++) {
+        uint16_t b0, b1;
+        memcpy(&b0, p + j * step, 2);
+        memcpy(&b1, p + (j + 4) * step, 2);
+        h0[j] = b0;
+        h1[j] = b1;
+    }
+    *v0 = half_to_f32x4(h0, kind);
+    *v1 = half_to_f32x4(h1, kind);
+}
+
+/* A single element as float32 (tails of rows). */
+ALWAYS_INLINE float load_f32(const char *p, int kind)
+{
     float f;
-    switch (kind) {
-    case LOAD_F16:
-        memcpy(&h, p, 2);
-        return f16_bits_to_f32(h);
-    case LOAD_BF16:
-        memcpy(&h, p, 2);
-        return fi_bf16_to_f32(h);
-    default:
+    uint16_t h;
+    if (kind == LOAD_F32) {
         memcpy(&f, p, 4);
         return f;
     }
+    memcpy(&h, p, 2);
+    return kind == LOAD_BF16 ? fi_bf16_to_f32(h) : fi_f16_to_f32(h);
 }
 
-/* NaN fails both comparisons, so min/max skip it without a select. */
-#define FLOAT_STEP(v, lo, hi, sum, nan, inf)                                                   \
-    do {                                                                                       \
-        int is_nan_ = (v) != (v);                                                              \
-        lo = (v) < lo ? (v) : lo;                                                              \
-        hi = (v) > hi ? (v) : hi;                                                              \
-        sum += is_nan_ ? 0.0 : (double)(v);                                                    \
-        nan += is_nan_;                                                                        \
-        inf += fabsf(v) == INFINITY;                                                           \
-    } while (0)
+typedef struct {
+    f32x4 lo, hi;
+    f64x2 sum_low, sum_high; /* lanes 0-1 and 2-3, widened to double */
+    i32x4 nan, inf;          /* minus the counts (compares give -1) */
+} f32_lanes;
 
+/* NaN fails v < lo and v > hi, so min and max skip it; its lane is zeroed for the sum. */
+ALWAYS_INLINE void f32_lanes_add(f32_lanes *l, f32x4 v)
+{
+    i32x4 is_nan = v != v;
+    i32x4 is_inf = (f32x4)((i32x4)v & 0x7fffffff) == INFINITY;
+    l->lo = select_f32x4(v < l->lo, v, l->lo);
+    l->hi = select_f32x4(v > l->hi, v, l->hi);
+    f32x4 clean = (f32x4)((i32x4)v & ~is_nan);
+    f64x2 low = {clean[0], clean[1]}, high = {clean[2], clean[3]};
+    l->sum_low += low;
+    l->sum_high += high;
+    l->nan += is_nan;
+    l->inf += is_inf;
+}
+
+ALWAYS_INLINE void float_acc_add(float_acc *a, float v)
+{
+    if (v != v) {
+        a->nan++;
+        return;
+    }
+    a->inf += fabsf(v) == INFINITY;
+    a->min = v < a->min ? v : a->min;
+    a->max = v > a->max ? v : a->max;
+    a->sum += v;
+}
+
+/* Eight elements per step in two independent lane sets; the 32-bit counters are
+ * flushed every CHUNK elements. */
 ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t step, int kind)
 {
-    float lo[LANES], hi[LANES];
-    double sum[LANES];
-    int32_t nan[LANES], inf[LANES];
-    for (int j = 0; j < LANES; j++) {
-        lo[j] = INFINITY;
-        hi[j] = -INFINITY;
-        sum[j] = 0.0;
+    if (n < 16) { /* short rows of a narrow slice: setting up the lanes costs more */
+        for (int64_t i = 0; i < n; i++)
+            float_acc_add(a, load_f32(p + i * step, kind));
+        return;
+    }
+    f32_lanes l[2];
+    for (int k = 0; k < 2; k++) {
+        l[k].lo = (f32x4){INFINITY, INFINITY, INFINITY, INFINITY};
+        l[k].hi = -l[k].lo;
+        l[k].sum_low = l[k].sum_high = (f64x2){0.0, 0.0};
     }
     int64_t i = 0;
-    while (n - i >= LANES) {
-        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)(LANES - 1));
-        for (int j = 0; j < LANES; j++)
-            nan[j] = inf[j] = 0;
-        for (; i < stop; i += LANES) {
-            for (int j = 0; j < LANES; j++) {
-                float v = load_float(p + (i + j) * step, kind);
-                FLOAT_STEP(v, lo[j], hi[j], sum[j], nan[j], inf[j]);
+    while (n - i >= 8) {
+        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)7);
+        for (int k = 0; k < 2; k++)
+            l[k].nan = l[k].inf = (i32x4){0, 0, 0, 0};
+        for (; i < stop; i += 8) {
+            f32x4 v0, v1;
+            load_f32x8(p + i * step, step, kind, &v0, &v1);
+            f32_lanes_add(&l[0], v0);
+            f32_lanes_add(&l[1], v1);
+        }
+        for (int k = 0; k < 2; k++)
+            for (int j = 0; j < 4; j++) {
+                a->nan -= l[k].nan[j];
+                a->inf -= l[k].inf[j];
             }
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 4; j++) {
+            a->min = l[k].lo[j] < a->min ? l[k].lo[j] : a->min;
+            a->max = l[k].hi[j] > a->max ? l[k].hi[j] : a->max;
         }
-        for (int j = 0; j < LANES; j++) {
-            a->nan += nan[j];
-            a->inf += inf[j];
-        }
+        a->sum += (l[k].sum_low[0] + l[k].sum_low[1]) + (l[k].sum_high[0] + l[k].sum_high[1]);
     }
-    nan[0] = inf[0] = 0;
-    for (; i < n; i++) {
-        float v = load_float(p + i * step, kind);
-        FLOAT_STEP(v, lo[0], hi[0], sum[0], nan[0], inf[0]);
-    }
-    a->nan += nan[0];
-    a->inf += inf[0];
-    for (int j = 0; j < LANES; j++) {
-        if (lo[j] < a->min)
-            a->min = lo[j];
-        if (hi[j] > a->max)
-            a->max = hi[j];
-        a->sum += sum[j];
-    }
+    for (; i < n; i++)
+        float_acc_add(a, load_f32(p + i * step, kind));
 }
 
 /* Each row function takes a contiguous fast path where the step is the element size,
- * so the compiler sees a constant stride and vectorizes the loads. */
+ * so the compiler sees a constant stride and uses whole-vector loads. */
 static void row_f32(void *a, const char *p, int64_t n, int64_t step)
 {
     if (step == 4)
@@ -254,46 +332,62 @@ static void row_bf16(void *a, const char *p, int64_t n, int64_t step)
         float_row(a, p, n, step, LOAD_BF16);
 }
 
+typedef struct {
+    f64x2 lo, hi, sum;
+    i64x2 nan, inf; /* minus the counts */
+} f64_lanes;
+
+ALWAYS_INLINE void f64_lanes_add(f64_lanes *l, f64x2 v)
+{
+    i64x2 is_nan = v != v;
+    l->lo = select_f64x2(v < l->lo, v, l->lo);
+    l->hi = select_f64x2(v > l->hi, v, l->hi);
+    l->sum += (f64x2)((i64x2)v & ~is_nan);
+    l->nan += is_nan;
+    l->inf += (f64x2)((i64x2)v & INT64_MAX) == INFINITY;
+}
+
 ALWAYS_INLINE void double_row(float_acc *a, const char *p, int64_t n, int64_t step)
 {
-    double lo[LANES], hi[LANES], sum[LANES];
-    int64_t nan = 0, inf = 0;
-    for (int j = 0; j < LANES; j++) {
-        lo[j] = INFINITY;
-        hi[j] = -INFINITY;
-        sum[j] = 0.0;
+    f64_lanes l[2];
+    for (int k = 0; k < 2; k++) {
+        l[k].lo = (f64x2){INFINITY, INFINITY};
+        l[k].hi = -l[k].lo;
+        l[k].sum = (f64x2){0.0, 0.0};
+        l[k].nan = l[k].inf = (i64x2){0, 0};
     }
     int64_t i = 0;
-    for (; n - i >= LANES; i += LANES) {
-        for (int j = 0; j < LANES; j++) {
-            double v;
-            memcpy(&v, p + (i + j) * step, 8);
-            int is_nan = v != v;
-            lo[j] = v < lo[j] ? v : lo[j];
-            hi[j] = v > hi[j] ? v : hi[j];
-            sum[j] += is_nan ? 0.0 : v;
-            nan += is_nan;
-            inf += fabs(v) == INFINITY;
+    for (; n - i >= 4; i += 4) {
+        f64x2 v[2];
+        for (int k = 0; k < 2; k++) {
+            if (step == 8) {
+                memcpy(&v[k], p + (i + 2 * k) * 8, 16);
+            } else {
+                memcpy((char *)&v[k], p + (i + 2 * k) * step, 8);
+                memcpy((char *)&v[k] + 8, p + (i + 2 * k + 1) * step, 8);
+            }
+            f64_lanes_add(&l[k], v[k]);
         }
     }
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 2; j++) {
+            a->min = l[k].lo[j] < a->min ? l[k].lo[j] : a->min;
+            a->max = l[k].hi[j] > a->max ? l[k].hi[j] : a->max;
+            a->sum += l[k].sum[j];
+            a->nan -= l[k].nan[j];
+            a->inf -= l[k].inf[j];
+        }
     for (; i < n; i++) {
         double v;
         memcpy(&v, p + i * step, 8);
-        int is_nan = v != v;
-        lo[0] = v < lo[0] ? v : lo[0];
-        hi[0] = v > hi[0] ? v : hi[0];
-        sum[0] += is_nan ? 0.0 : v;
-        nan += is_nan;
-        inf += fabs(v) == INFINITY;
-    }
-    a->nan += nan;
-    a->inf += inf;
-    for (int j = 0; j < LANES; j++) {
-        if (lo[j] < a->min)
-            a->min = lo[j];
-        if (hi[j] > a->max)
-            a->max = hi[j];
-        a->sum += sum[j];
+        if (v != v) {
+            a->nan++;
+            continue;
+        }
+        a->inf += fabs(v) == INFINITY;
+        a->min = v < a->min ? v : a->min;
+        a->max = v > a->max ? v : a->max;
+        a->sum += v;
     }
 }
 
