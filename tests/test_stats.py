@@ -92,15 +92,22 @@ def test_wide_float_dtypes_with_nan_and_inf_match_reference(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
-def test_every_float8_code_matches_reference(dtype):
-    codes = torch.arange(256, dtype=torch.uint8).repeat(3)
-    assert_float_stats(codes.view(dtype))
+def test_every_float8_code_decodes_exactly(dtype):
+    for code in range(256):
+        assert_float_stats(torch.full((3,), code, dtype=torch.uint8).view(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT8_DTYPES, ids=str)
+def test_all_float8_codes_together_match_reference(dtype):
+    assert_float_stats(torch.arange(256, dtype=torch.uint8).repeat(3).view(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_every_16_bit_float_code_matches_reference(dtype):
-    codes = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
-    assert_float_stats(codes.view(dtype))
+    # rows of 256 consecutive codes, so each row's min/max/mean pins its decoding
+    codes = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(256, 256)
+    for row in codes.view(dtype):
+        assert_float_stats(row)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
