@@ -121,7 +121,7 @@ static void layout_walk(const stats_layout *L, row_fn row, void *acc)
 /* ---- row kernels -------------------------------------------------------------------- */
 
 #define LANES 8 /* independent integer accumulators */
-#define CHUNK 65536   /* elements per flush of the 32-bit lane counters */
+#define CHUNK 65536 /* elements per flush of the 32-bit lane counters */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 typedef struct {
@@ -826,7 +826,10 @@ done:
     return rc;
 }
 
-static int is_float_dtype(fi_dtype dtype) { return dtype >= FI_DTYPE_F64 && dtype <= FI_DTYPE_E8M0FNU; }
+static int is_float_dtype(fi_dtype dtype)
+{
+    return dtype >= FI_DTYPE_F64 && dtype <= FI_DTYPE_E8M0FNU;
+}
 
 /* The interim device path: statistics computed by torch on the tensor's device. */
 static int stats_with_torch_ops(PyObject *tensor, fi_dtype dtype, int64_t numel, fi_stats *out)
