@@ -39,6 +39,7 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_gemm_exec},
     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},
+    {Py_mod_exec, fi_stats_exec},
     {0, NULL},
 };
 

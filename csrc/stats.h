@@ -1,0 +1,50 @@
+/* stats.h: level-5 tensor statistics (min, max, mean, NaN and Inf counts) computed in
+ * one pass over CPU tensor memory, any dtype torch has and any strides. */
+#ifndef FI_STATS_H
+#define FI_STATS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "flashinfer_kernels.h"
+#include "strbuf.h"
+
+typedef enum {
+    FI_STATS_NONE = 0,         /* empty tensor or a dtype without statistics */
+    FI_STATS_FLOAT,            /* every floating dtype, float8 kinds included */
+    FI_STATS_INT,              /* integers and bool (bool as 0/1) */
+    FI_STATS_SKIPPED_CAPTURE,  /* CUDA tensor while its stream captures a graph */
+} fi_stats_kind;
+
+typedef struct {
+    fi_stats_kind kind;
+    double min, max, mean;        /* float kinds (ints too, rounded); NaN when all are NaN */
+    int64_t nan_count, inf_count; /* float kinds */
+    /* integer/bool kinds: exact extremes; uint64 tensors use umin/umax (is_unsigned64 set) */
+    int64_t imin, imax;
+    uint64_t umin, umax;
+    int is_unsigned64;
+    int64_t numel;
+} fi_stats;
+
+/* One pass over CPU memory described by t (any strides, 0 and negative included);
+ * needs neither the GIL nor Python. Dtypes without statistics and empty tensors give
+ * kind FI_STATS_NONE. Returns -1 (out->kind NONE) when t's shape or strides are invalid. */
+int fi_stats_compute(const fi_tensor *t, fi_stats *out);
+
+/* Statistics of a torch.Tensor. CPU: fi_stats_compute, the GIL released for large
+ * tensors. CUDA: FI_STATS_SKIPPED_CAPTURE while the current stream is capturing (no
+ * synchronisation), otherwise computed with torch ops on the device. Returns -1 with a
+ * Python exception set on failure. */
+int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
+
+/* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
+ * each) and ended by '\n'; nothing for FI_STATS_NONE. Returns -1 on allocation failure. */
+int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
+
+/* fi_stats_of_tensor then fi_stats_format; a failure (an Exception subclass) becomes the
+ * line "[statistics error: message]" and is cleared. Returns -1 with an exception set
+ * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
+int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, int indent);
+
+#endif
