@@ -33,6 +33,7 @@ static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_tensor_exec},
+    {Py_mod_exec, fi_attention_exec},
     {0, NULL},
 };
 

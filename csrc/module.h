@@ -25,5 +25,6 @@ int fi_tensor_exec(PyObject *module);
 int fi_logger_exec(PyObject *module);
 int fi_wrapper_exec(PyObject *module);
 int fi_stats_exec(PyObject *module);
+int fi_attention_exec(PyObject *module);
 
 #endif
