@@ -32,26 +32,25 @@ static int read_tensor(arg_tensor *a)
     return fi_tensor_from_py(a->obj, &a->t);
 }
 
-/* Every tensor on the CPU: a CUDA tensor is refused (no CUDA kernels in this build)
+/* Every tensor on the CPU: a CUDA tensor is refused (no CUDA kernels in this build),
  * and so is a mix of devices. */
 static int check_devices(arg_tensor *args, int n)
 {
-    for (int i = 0; i < n; i++) {
-        if (args[i].t.device_type != args[0].t.device_type ||
-            args[i].t.device_index != args[0].t.device_index) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s is on %s:%d but %s is on %s:%d; all tensors must be on the "
-                         "same device",
-                         args[i].name, device_name(&args[i].t), args[i].t.device_index,
-                         args[0].name, device_name(&args[0].t), args[0].t.device_index);
-            return -1;
-        }
-    }
     for (int i = 0; i < n; i++) {
         if (args[i].t.device_type != FI_DEVICE_CPU) {
             PyErr_Format(PyExc_ValueError,
                          "%s is on %s; this build runs attention on cpu tensors only",
                          args[i].name, device_name(&args[i].t));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (args[i].t.device_index != args[0].t.device_index) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s is on %s:%d but %s is on %s:%d; all tensors must be on the "
+                         "same device",
+                         args[i].name, device_name(&args[i].t), args[i].t.device_index,
+                         args[0].name, device_name(&args[0].t), args[0].t.device_index);
             return -1;
         }
     }
