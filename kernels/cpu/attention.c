@@ -13,6 +13,16 @@
 #define TILE_VECTORS 64  /* query vectors (rows x heads in a group) per task, at least */
 #define LOG2E 1.4426950408889634f
 
+/* On x86-64 Linux the per-task loop is also built for AVX2+FMA and picked at load time;
+ * the helpers it calls are inlined into each clone. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define FI_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define FI_INLINE static inline __attribute__((always_inline))
+#else
+#define FI_VECTOR_CLONES
+#define FI_INLINE static inline
+#endif
+
 typedef struct {
     int64_t request, kv_head, row0, row1;
 } task;
@@ -48,7 +58,7 @@ static int64_t kv_len_of(const fi_attention_params *p, int64_t b)
 /* Branch-free binary16 -> float32 so the row loop vectorizes: the exponent/mantissa
  * bits shifted into float32 position and scaled by 2^112 are exact for normal and
  * subnormal halves; all-ones exponents become inf/NaN. */
-static inline float half_to_float(uint16_t h)
+FI_INLINE float half_to_float(uint16_t h)
 {
     uint32_t em = (uint32_t)(h & 0x7fff) << 13;
     uint32_t r = fi_f32_bits(fi_bits_f32(em) * 0x1p112f);
@@ -56,7 +66,7 @@ static inline float half_to_float(uint16_t h)
     return fi_bits_f32(r | ((uint32_t)(h & 0x8000) << 16));
 }
 
-static void load_row(const void *src, fi_dtype dtype, int64_t n, float *dst,
+FI_INLINE void load_row(const void *src, fi_dtype dtype, int64_t n, float *dst,
                      const float *fp8_table)
 {
     switch (dtype) {
@@ -84,7 +94,7 @@ static void load_row(const void *src, fi_dtype dtype, int64_t n, float *dst,
     }
 }
 
-static void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
+FI_INLINE void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
 {
     switch (dtype) {
     case FI_DTYPE_F16:
@@ -100,7 +110,7 @@ static void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
 }
 
 /* FlashInfer's non-interleaved (rotate-half) RoPE at position pos. */
-static void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
+FI_INLINE void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
 {
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++) {
@@ -112,7 +122,7 @@ static void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
     }
 }
 
-static const char *kv_address(const fi_attention_params *p, const void *base, int64_t b,
+FI_INLINE const char *kv_address(const fi_attention_params *p, const void *base, int64_t b,
                               int64_t j, int64_t head, int64_t stride_page,
                               int64_t stride_n, int64_t stride_h)
 {
@@ -128,7 +138,7 @@ static const char *kv_address(const fi_attention_params *p, const void *base, in
 }
 
 /* The visible key range [lo, hi] of query row `row` from causality and the window. */
-static void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len,
+FI_INLINE void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len,
                           int64_t kv_len, int64_t *lo, int64_t *hi)
 {
     int64_t pos = row + kv_len - qo_len;
@@ -136,7 +146,7 @@ static void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_
     *lo = p->window_left >= 0 && pos - p->window_left > 0 ? pos - p->window_left : 0;
 }
 
-static void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b,
+FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b,
                           int64_t kv_head, int64_t j0, int64_t nb)
 {
     int64_t d = p->head_dim;
@@ -158,7 +168,7 @@ static void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b,
 }
 
 /* One query vector against one loaded KV block: scores, masks, online-softmax update. */
-static void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec,
+FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec,
                          int64_t b, int64_t row, int64_t kv_len, int64_t j0, int64_t nb,
                          int64_t lo, int64_t hi)
 {
@@ -216,7 +226,7 @@ static void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec,
     sc->l[vec] += sum;
 }
 
-static void run_task(const job *jb, scratch *sc, const task *t)
+FI_VECTOR_CLONES static void run_task(const job *jb, scratch *sc, const task *t)
 {
     const fi_attention_params *p = jb->p;
     int64_t d = p->head_dim, g = jb->group, b = t->request;
