@@ -207,3 +207,22 @@ def test_batch_prefill_ragged_rope_and_o_data_type():
         keys = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
         ref, _ = attention(q[rows], k[keys], v[keys], causal=True, rope=True)
         check(out[rows], ref)
+
+
+def test_result_is_bit_identical_for_any_thread_count():
+    qo_indptr = torch.tensor([0, 40, 41], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 60, 160], dtype=torch.int32)
+    q = torch.randn(41, 8, 64).to(torch.float16)
+    k = torch.randn(160, 2, 64).to(torch.float16)
+    v = torch.randn(160, 2, 64).to(torch.float16)
+    w = BatchPrefillWithRaggedKVCacheWrapper(WORKSPACE)
+    w.plan(qo_indptr, kv_indptr, 8, 2, 64, causal=True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = w.run(q, k, v)
+        torch.set_num_threads(3)
+        three = w.run(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one.view(torch.uint8), three.view(torch.uint8))
