@@ -40,6 +40,7 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},
     {Py_mod_exec, fi_stats_exec},
+    {Py_mod_exec, fi_attention_exec},
     {0, NULL},
 };
 

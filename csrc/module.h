@@ -29,5 +29,6 @@ int fi_stats_exec(PyObject *module);
 int fi_gemm_exec(PyObject *module);
 int fi_json_exec(PyObject *module);
 int fi_tensorio_exec(PyObject *module);
+int fi_attention_exec(PyObject *module);
 
 #endif

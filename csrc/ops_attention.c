@@ -1,0 +1,504 @@
+/* ops_attention.c: argument checking for the attention kernels, then the call with the
+ * GIL released. Everything the kernel will index is proven in bounds here first. */
+#include "ops_attention.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "module.h"
+#include "tensor.h"
+
+typedef struct {
+    const char *name;
+    PyObject *obj; /* borrowed; NULL/None when absent */
+    fi_tensor t;
+} arg_tensor;
+
+static const char *device_name(const fi_tensor *t)
+{
+    return t->device_type == FI_DEVICE_CPU    ? "cpu"
+           : t->device_type == FI_DEVICE_CUDA ? "cuda"
+                                              : "another device";
+}
+
+static int read_tensor(arg_tensor *a)
+{
+    if (!fi_is_tensor(a->obj)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a torch.Tensor, got %.200s", a->name,
+                     Py_TYPE(a->obj)->tp_name);
+        return -1;
+    }
+    return fi_tensor_from_py(a->obj, &a->t);
+}
+
+/* Every tensor on the CPU: a CUDA tensor is refused (no CUDA kernels in this build),
+ * and so is a mix of devices. */
+static int check_devices(arg_tensor *args, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (args[i].t.device_type != FI_DEVICE_CPU) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s is on %s; this build runs attention on cpu tensors only",
+                         args[i].name, device_name(&args[i].t));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (args[i].t.device_index != args[0].t.device_index) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s is on %s:%d but %s is on %s:%d; all tensors must be on the "
+                         "same device",
+                         args[i].name, device_name(&args[i].t), args[i].t.device_index,
+                         args[0].name, device_name(&args[0].t), args[0].t.device_index);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_ndim(const arg_tensor *a, int ndim)
+{
+    if (a->t.ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions, got %d", a->name, ndim,
+                     a->t.ndim);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_dtype(const arg_tensor *a, fi_dtype want)
+{
+    if (a->t.dtype != want) {
+        PyErr_Format(PyExc_ValueError, "%s: dtype %s is not supported; accepted: %s",
+                     a->name, fi_dtype_name(a->t.dtype), fi_dtype_name(want));
+        return -1;
+    }
+    return 0;
+}
+
+static int is_float_dtype(fi_dtype d)
+{
+    return d == FI_DTYPE_F16 || d == FI_DTYPE_BF16 || d == FI_DTYPE_F32;
+}
+
+/* Index arrays are read as int32 [n] with unit stride. */
+static int check_index_array(const arg_tensor *a, int64_t len)
+{
+    if (check_ndim(a, 1) < 0 || check_dtype(a, FI_DTYPE_I32) < 0)
+        return -1;
+    if (len >= 0 && a->t.shape[0] != len) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %lld entries, got %lld", a->name,
+                     (long long)len, (long long)a->t.shape[0]);
+        return -1;
+    }
+    if (a->t.shape[0] > 1 && a->t.stride[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: must be contiguous, got stride %lld", a->name,
+                     (long long)a->t.stride[0]);
+        return -1;
+    }
+    return 0;
+}
+
+/* indptr[0] >= 0, non-decreasing, indptr[last] <= limit. */
+static int check_indptr(const arg_tensor *a, int64_t limit, const char *limit_what)
+{
+    const int32_t *v = a->t.data;
+    int64_t n = a->t.shape[0];
+    if (n < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: needs at least one entry (batch_size + 1)",
+                     a->name);
+        return -1;
+    }
+    if (v[0] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s[0] is %d; accepted: >= 0", a->name, (int)v[0]);
+        return -1;
+    }
+    for (int64_t i = 1; i < n; i++) {
+        if (v[i] < v[i - 1]) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s is not monotone: %s[%lld] = %d < %s[%lld] = %d; accepted: "
+                         "non-decreasing offsets",
+                         a->name, a->name, (long long)i, (int)v[i], a->name,
+                         (long long)(i - 1), (int)v[i - 1]);
+            return -1;
+        }
+    }
+    if (v[n - 1] > limit) {
+        PyErr_Format(PyExc_ValueError, "%s[-1] is %d but %s is %lld; accepted: <= %lld",
+                     a->name, (int)v[n - 1], limit_what, (long long)limit, (long long)limit);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_last_dim_contiguous(const arg_tensor *a)
+{
+    if (a->t.ndim > 0 && a->t.shape[a->t.ndim - 1] > 1 && a->t.stride[a->t.ndim - 1] != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: the last dimension must be contiguous (stride 1), got stride %lld",
+                     a->name, (long long)a->t.stride[a->t.ndim - 1]);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_shape(const arg_tensor *a, const char *what, int dim, int64_t want)
+{
+    if (a->t.shape[dim] != want) {
+        PyErr_Format(PyExc_ValueError, "%s: %s (dimension %d) is %lld; expected %lld",
+                     a->name, what, dim, (long long)a->t.shape[dim], (long long)want);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    arg_tensor q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask,
+        mask_indptr;
+} attention_args;
+
+static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
+{
+    int paged = p->paged;
+    int nd = paged ? 4 : 3;
+    if (check_ndim(&a->k, nd) < 0 || check_ndim(&a->v, nd) < 0)
+        return -1;
+    for (int i = 0; i < nd; i++) {
+        if (a->k.t.shape[i] != a->v.t.shape[i]) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s and %s differ in shape at dimension %d: %lld vs %lld",
+                         a->k.name, a->v.name, i, (long long)a->k.t.shape[i],
+                         (long long)a->v.t.shape[i]);
+            return -1;
+        }
+    }
+    if (a->k.t.dtype != a->v.t.dtype) {
+        PyErr_Format(PyExc_ValueError, "%s is %s but %s is %s; they must share a dtype",
+                     a->k.name, fi_dtype_name(a->k.t.dtype), a->v.name,
+                     fi_dtype_name(a->v.t.dtype));
+        return -1;
+    }
+    fi_dtype kd = a->k.t.dtype;
+    if (kd != p->q_dtype && kd != FI_DTYPE_E4M3FN && kd != FI_DTYPE_E5M2) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: dtype %s is not supported with q of dtype %s; accepted: %s, "
+                     "float8_e4m3fn, float8_e5m2",
+                     a->k.name, fi_dtype_name(kd), fi_dtype_name(p->q_dtype),
+                     fi_dtype_name(p->q_dtype));
+        return -1;
+    }
+    if (check_last_dim_contiguous(&a->k) < 0 || check_last_dim_contiguous(&a->v) < 0)
+        return -1;
+    p->kv_dtype = kd;
+    /* dims: [page,] token, head, dim for NHD; [page,] head, token, dim for HND */
+    int base = paged ? 1 : 0;
+    int tok = base + (hnd ? 1 : 0), head = base + (hnd ? 0 : 1);
+    if (check_shape(&a->k, "head_dim", nd - 1, p->head_dim) < 0)
+        return -1;
+    int64_t hkv = a->k.t.shape[head];
+    if (hkv < 1 || p->num_qo_heads % hkv != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: num_kv_heads (dimension %d) is %lld but num_qo_heads is %lld; "
+                     "accepted: a divisor of num_qo_heads",
+                     a->k.name, head, (long long)hkv, (long long)p->num_qo_heads);
+        return -1;
+    }
+    p->num_kv_heads = hkv;
+    p->k = a->k.t.data;
+    p->v = a->v.t.data;
+    p->k_stride_page = paged ? a->k.t.stride[0] : 0;
+    p->v_stride_page = paged ? a->v.t.stride[0] : 0;
+    p->k_stride_n = a->k.t.stride[tok];
+    p->v_stride_n = a->v.t.stride[tok];
+    p->k_stride_h = a->k.t.stride[head];
+    p->v_stride_h = a->v.t.stride[head];
+    int64_t b = p->num_requests;
+    if (check_index_array(&a->kv_indptr, b + 1) < 0)
+        return -1;
+    if (!paged)
+        return check_indptr(&a->kv_indptr, a->k.t.shape[tok], "the number of kv tokens");
+    p->page_size = a->k.t.shape[tok];
+    int64_t num_pages = a->k.t.shape[0];
+    if (check_index_array(&a->kv_indices, -1) < 0 ||
+        check_index_array(&a->kv_last_page_len, b) < 0 ||
+        check_indptr(&a->kv_indptr, a->kv_indices.t.shape[0], "the length of kv_indices") <
+            0)
+        return -1;
+    const int32_t *indptr = a->kv_indptr.t.data, *indices = a->kv_indices.t.data;
+    const int32_t *last = a->kv_last_page_len.t.data;
+    for (int64_t i = indptr[0]; i < indptr[b]; i++) {
+        if (indices[i] < 0 || indices[i] >= num_pages) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s[%lld] is %d; accepted: a page index in [0, %lld) (num_pages)",
+                         a->kv_indices.name, (long long)i, (int)indices[i],
+                         (long long)num_pages);
+            return -1;
+        }
+    }
+    for (int64_t i = 0; i < b; i++) {
+        int has_pages = indptr[i + 1] > indptr[i];
+        if (last[i] < (has_pages ? 1 : 0) || last[i] > p->page_size) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s[%lld] is %d; accepted: [1, page_size = %lld]",
+                         a->kv_last_page_len.name, (long long)i, (int)last[i],
+                         (long long)p->page_size);
+            return -1;
+        }
+    }
+    p->kv_indices = indices;
+    p->kv_last_page_len = last;
+    return 0;
+}
+
+/* Each request's packed [qo_len, kv_len] bits must fit inside mask. */
+static int check_mask(attention_args *a, fi_attention_params *p)
+{
+    if (check_ndim(&a->mask, 1) < 0 || check_dtype(&a->mask, FI_DTYPE_U8) < 0 ||
+        check_index_array(&a->mask_indptr, p->num_requests + 1) < 0)
+        return -1;
+    if (a->mask.t.shape[0] > 1 && a->mask.t.stride[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: must be contiguous", a->mask.name);
+        return -1;
+    }
+    if (check_indptr(&a->mask_indptr, a->mask.t.shape[0], "the length of the packed mask") <
+        0)
+        return -1;
+    const int32_t *mi = a->mask_indptr.t.data;
+    for (int64_t b = 0; b < p->num_requests; b++) {
+        int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
+        int64_t kv_len = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        if (p->paged)
+            kv_len = kv_len == 0 ? 0 : (kv_len - 1) * p->page_size + p->kv_last_page_len[b];
+        int64_t need = (qo_len * kv_len + 7) / 8;
+        if (need > (int64_t)a->mask.t.shape[0] - mi[b]) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: request %lld needs %lld packed bytes (qo_len %lld x kv_len "
+                         "%lld bits) from offset %d but the mask has %lld bytes",
+                         a->mask.name, (long long)b, (long long)need, (long long)qo_len,
+                         (long long)kv_len, (int)mi[b], (long long)a->mask.t.shape[0]);
+            return -1;
+        }
+    }
+    p->mask = a->mask.t.data;
+    p->mask_indptr = mi;
+    return 0;
+}
+
+static int check_q_out(attention_args *a, fi_attention_params *p)
+{
+    if (check_ndim(&a->q, 3) < 0 || check_last_dim_contiguous(&a->q) < 0)
+        return -1;
+    if (!is_float_dtype(a->q.t.dtype)) {
+        PyErr_Format(PyExc_ValueError,
+                     "q: dtype %s is not supported; accepted: float16, bfloat16, float32",
+                     fi_dtype_name(a->q.t.dtype));
+        return -1;
+    }
+    int64_t d = a->q.t.shape[2];
+    if (d != 64 && d != 128 && d != 256) {
+        PyErr_Format(PyExc_ValueError,
+                     "q: head_dim %lld is not supported; accepted: 64, 128, 256",
+                     (long long)d);
+        return -1;
+    }
+    p->head_dim = d;
+    p->num_qo_heads = a->q.t.shape[1];
+    p->q = a->q.t.data;
+    p->q_dtype = a->q.t.dtype;
+    p->q_stride_n = a->q.t.stride[0];
+    p->q_stride_h = a->q.t.stride[1];
+    if (check_ndim(&a->out, 3) < 0 || check_last_dim_contiguous(&a->out) < 0)
+        return -1;
+    for (int i = 0; i < 3; i++)
+        if (check_shape(&a->out, i == 0 ? "rows" : i == 1 ? "heads" : "head_dim", i,
+                        a->q.t.shape[i]) < 0)
+            return -1;
+    if (!is_float_dtype(a->out.t.dtype)) {
+        PyErr_Format(PyExc_ValueError,
+                     "out: dtype %s is not supported; accepted: float16, bfloat16, float32",
+                     fi_dtype_name(a->out.t.dtype));
+        return -1;
+    }
+    p->o = a->out.t.data;
+    p->o_dtype = a->out.t.dtype;
+    p->o_stride_n = a->out.t.stride[0];
+    p->o_stride_h = a->out.t.stride[1];
+    if (a->lse.obj) {
+        if (check_ndim(&a->lse, 2) < 0 || check_dtype(&a->lse, FI_DTYPE_F32) < 0 ||
+            check_shape(&a->lse, "rows", 0, a->q.t.shape[0]) < 0 ||
+            check_shape(&a->lse, "heads", 1, a->q.t.shape[1]) < 0)
+            return -1;
+        p->lse = a->lse.t.data;
+        p->lse_stride_n = a->lse.t.stride[0];
+        p->lse_stride_h = a->lse.t.stride[1];
+    }
+    if (check_index_array(&a->qo_indptr, -1) < 0 ||
+        check_indptr(&a->qo_indptr, a->q.t.shape[0], "the number of query rows") < 0)
+        return -1;
+    p->num_requests = a->qo_indptr.t.shape[0] - 1;
+    p->qo_indptr = a->qo_indptr.t.data;
+    return 0;
+}
+
+/* PyErr_Format has no %g, so the number is printed here. */
+static int scalar_error(const char *name, double value, const char *accepted)
+{
+    char text[40];
+    snprintf(text, sizeof(text), "%g", value);
+    PyErr_Format(PyExc_ValueError, "%s: %s is not accepted; accepted: %s", name, text,
+                 accepted);
+    return -1;
+}
+
+static int check_scalars(fi_attention_params *p, const char *layout, const char *pos_mode,
+                         long long window_left, double cap, double sm_scale, double v_scale,
+                         double rope_scale, double rope_theta, int *hnd)
+{
+    if (strcmp(layout, "NHD") == 0 || strcmp(layout, "HND") == 0) {
+        *hnd = layout[0] == 'H';
+    } else {
+        PyErr_Format(PyExc_ValueError, "kv_layout: '%.50s' is not supported; accepted: "
+                     "'NHD', 'HND'", layout);
+        return -1;
+    }
+    if (strcmp(pos_mode, "NONE") == 0) {
+        p->pos_encoding = FI_POS_ENCODING_NONE;
+    } else if (strcmp(pos_mode, "ROPE_LLAMA") == 0) {
+        p->pos_encoding = FI_POS_ENCODING_ROPE_LLAMA;
+    } else {
+        PyErr_Format(PyExc_ValueError,
+                     "pos_encoding_mode: '%.50s' is not supported; accepted: 'NONE', "
+                     "'ROPE_LLAMA'",
+                     pos_mode);
+        return -1;
+    }
+    if (!(cap >= 0.0) || isinf(cap))
+        return scalar_error("logits_soft_cap", cap, "a finite value >= 0 (0 or None: off)");
+    if (isinf(sm_scale))
+        return scalar_error("sm_scale", sm_scale, "a finite number");
+    if (!isfinite(v_scale))
+        return scalar_error("v_scale", v_scale, "a finite number");
+    if (!(rope_scale > 0.0) || isinf(rope_scale))
+        return scalar_error("rope_scale", rope_scale, "a finite number > 0");
+    if (!(rope_theta > 0.0) || isinf(rope_theta))
+        return scalar_error("rope_theta", rope_theta, "a finite number > 0");
+    p->window_left = window_left < 0 ? -1 : window_left;
+    p->logits_soft_cap = (float)cap;
+    p->sm_scale = (float)sm_scale;
+    p->v_scale = (float)v_scale;
+    p->rope_scale = (float)rope_scale;
+    p->rope_theta = (float)rope_theta;
+    return 0;
+}
+
+PyDoc_STRVAR(attention_doc,
+             "attention(q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices=None,\n"
+             "          kv_last_page_len=None, mask=None, mask_indptr=None, kv_layout='NHD',\n"
+             "          causal=False, window_left=-1, logits_soft_cap=0.0, sm_scale=nan,\n"
+             "          v_scale=1.0, pos_encoding_mode='NONE', rope_scale=1.0,\n"
+             "          rope_theta=1e4, num_threads=1)\n--\n\n"
+             "Batched attention on CPU tensors, written into out (and lse when given).\n"
+             "q/out [total_qo, Hq, D]; k/v ragged [total_kv, Hkv, D] (NHD) or paged\n"
+             "[num_pages, page_size, Hkv, D] when kv_indices is given; int32 indptrs;\n"
+             "mask: uint8 bits (little-endian) per request from byte mask_indptr[b].\n"
+             "sm_scale nan means 1/sqrt(D); it must already include q and k scales.");
+
+static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    (void)module;
+    static char *kwlist[] = {"q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr",
+                             "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
+                             "kv_layout", "causal", "window_left", "logits_soft_cap",
+                             "sm_scale", "v_scale", "pos_encoding_mode", "rope_scale",
+                             "rope_theta", "num_threads", NULL};
+    attention_args a;
+    memset(&a, 0, sizeof(a));
+    PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
+             *mask_indptr = Py_None, *lse = Py_None;
+    const char *layout = "NHD", *pos_mode = "NONE";
+    int causal = 0, num_threads = 1;
+    long long window_left = -1;
+    double cap = 0.0, sm_scale = NAN, v_scale = 1.0, rope_scale = 1.0, rope_theta = 1e4;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddi", kwlist, &a.q.obj,
+                                     &a.k.obj, &a.v.obj, &a.out.obj, &lse, &a.qo_indptr.obj,
+                                     &a.kv_indptr.obj, &kv_indices, &last_page_len, &mask,
+                                     &mask_indptr, &layout, &causal, &window_left, &cap,
+                                     &sm_scale, &v_scale, &pos_mode, &rope_scale, &rope_theta,
+                                     &num_threads))
+        return NULL;
+    int paged = kv_indices != Py_None;
+    if (paged != (last_page_len != Py_None)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "kv_indices and kv_last_page_len: give both (paged KV) or neither "
+                        "(ragged KV)");
+        return NULL;
+    }
+    if ((mask != Py_None) != (mask_indptr != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "mask and mask_indptr: give both or neither");
+        return NULL;
+    }
+    a.q.name = "q";
+    a.k.name = paged ? "k_cache" : "k";
+    a.v.name = paged ? "v_cache" : "v";
+    a.out.name = "out";
+    a.lse.name = "lse";
+    a.qo_indptr.name = "qo_indptr";
+    a.kv_indptr.name = "kv_indptr";
+    a.kv_indices.name = "kv_indices";
+    a.kv_last_page_len.name = "kv_last_page_len";
+    a.mask.name = "custom_mask";
+    a.mask_indptr.name = "mask_indptr";
+    a.lse.obj = lse == Py_None ? NULL : lse;
+    a.kv_indices.obj = paged ? kv_indices : NULL;
+    a.kv_last_page_len.obj = paged ? last_page_len : NULL;
+    a.mask.obj = mask == Py_None ? NULL : mask;
+    a.mask_indptr.obj = mask == Py_None ? NULL : mask_indptr;
+
+    arg_tensor *all[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.qo_indptr, &a.kv_indptr,
+                         &a.kv_indices, &a.kv_last_page_len, &a.mask, &a.mask_indptr};
+    arg_tensor present[11];
+    int n = 0;
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        if (!all[i]->obj)
+            continue;
+        if (read_tensor(all[i]) < 0)
+            return NULL;
+        present[n++] = *all[i];
+    }
+    if (check_devices(present, n) < 0)
+        return NULL;
+
+    fi_attention_params p;
+    memset(&p, 0, sizeof(p));
+    p.paged = paged;
+    p.causal = causal;
+    int hnd = 0;
+    if (check_scalars(&p, layout, pos_mode, window_left, cap, sm_scale, v_scale, rope_scale,
+                      rope_theta, &hnd) < 0 ||
+        check_q_out(&a, &p) < 0 || check_kv(&a, &p, hnd) < 0)
+        return NULL;
+    p.kv_indptr = a.kv_indptr.t.data;
+    if (a.mask.obj && check_mask(&a, &p) < 0)
+        return NULL;
+    if (isnan(sm_scale))
+        p.sm_scale = 1.0f / sqrtf((float)p.head_dim);
+    if (num_threads < 1)
+        num_threads = 1;
+
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cpu(&p, num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef attention_methods[] = {
+    {"attention", (PyCFunction)(void (*)(void))attention, METH_VARARGS | METH_KEYWORDS,
+     attention_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int fi_attention_exec(PyObject *module) { return PyModule_AddFunctions(module, attention_methods); }

@@ -1,0 +1,673 @@
+"""Prefill attention: many query tokens per request, causal or custom-masked.
+
+The computation runs in C (``flashinfer._C.attention``); this module checks the
+FlashInfer-shaped arguments, packs masks, allocates outputs and keeps the wrapper plans.
+"""
+
+import math
+
+import torch
+
+from .api_logging import flashinfer_api
+from .decode import (
+    _KV_LAYOUTS,
+    _as_dtype,
+    _attention,
+    _check_choice,
+    _check_head_dim,
+    _check_heads,
+    _check_paged_cache,
+    _check_planned_dtype,
+    _check_tensor,
+    _common_kwargs,
+    _index_tensor,
+    _no_extra_args,
+    _output,
+    _packbits_little,
+    _scale_value,
+    _split_paged_kv_cache,
+)
+
+
+def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
+    """(packed uint8 bits, int32 byte offsets per request) or (None, None).
+
+    A bool ``custom_mask`` holds each request's ``[qo_len, kv_len]`` block, flattened and
+    concatenated (``[qo_len, kv_len]`` itself for single prefill); each request's block is
+    packed little-endian from a byte boundary, as FlashInfer's ``segment_packbits`` does.
+    """
+    sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
+    nbytes = [(s + 7) // 8 for s in sizes]
+    mask_indptr = torch.zeros(len(sizes) + 1, dtype=torch.int32)
+    if sizes:
+        mask_indptr[1:] = torch.tensor(nbytes, dtype=torch.int64).cumsum(0)
+    if custom_mask is not None:
+        if not isinstance(custom_mask, torch.Tensor) or custom_mask.dtype != torch.bool:
+            got = custom_mask.dtype if isinstance(custom_mask, torch.Tensor) else custom_mask
+            raise ValueError(f"custom_mask: {got} is not supported; accepted: a bool tensor")
+        if single:
+            want = (qo_lens[0], kv_lens[0])
+            if tuple(custom_mask.shape) != want:
+                raise ValueError(
+                    f"custom_mask: shape {tuple(custom_mask.shape)} is not [qo_len, kv_len] "
+                    f"= {list(want)}"
+                )
+        elif custom_mask.dim() != 1 or custom_mask.numel() != sum(sizes):
+            raise ValueError(
+                f"custom_mask: shape {tuple(custom_mask.shape)}; accepted: 1-D with "
+                f"sum(qo_len * kv_len) = {sum(sizes)} elements"
+            )
+        flat = custom_mask.detach().to("cpu").reshape(-1)
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(_packbits_little(flat[start : start + size]))
+            start += size
+        packed = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+        return packed, mask_indptr
+    if packed_custom_mask is not None:
+        if (
+            not isinstance(packed_custom_mask, torch.Tensor)
+            or packed_custom_mask.dtype != torch.uint8
+            or packed_custom_mask.dim() != 1
+        ):
+            got = (
+                f"{packed_custom_mask.dtype} {tuple(packed_custom_mask.shape)}"
+                if isinstance(packed_custom_mask, torch.Tensor)
+                else type(packed_custom_mask).__name__
+            )
+            raise ValueError(
+                f"packed_custom_mask: {got} is not supported; accepted: a 1-D uint8 tensor"
+            )
+        if packed_custom_mask.numel() < sum(nbytes):
+            raise ValueError(
+                f"packed_custom_mask: {packed_custom_mask.numel()} bytes; accepted: at least "
+                f"{sum(nbytes)} (ceil(qo_len * kv_len / 8) per request)"
+            )
+        return packed_custom_mask.detach().to("cpu").contiguous(), mask_indptr
+    return None, None
+
+
+def _lengths(indptr):
+    return (indptr[1:] - indptr[:-1]).tolist()
+
+
+def _paged_kv_lens(indptr, last_page_len, page_size):
+    pages = _lengths(indptr)
+    last = last_page_len.tolist()
+    return [0 if n == 0 else (n - 1) * page_size + last[i] for i, n in enumerate(pages)]
+
+
+def _final_scale(sm_scale, head_dim, q_scale, k_scale):
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    return scale * _scale_value("q_scale", q_scale) * _scale_value("k_scale", k_scale)
+
+
+@flashinfer_api
+def single_prefill_with_kv_cache(
+    q,
+    k,
+    v,
+    scale_q=None,
+    scale_k=None,
+    scale_v=None,
+    o_dtype=None,
+    custom_mask=None,
+    packed_custom_mask=None,
+    causal=False,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_fp16_qk_reduction=False,
+    sm_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    rope_scale=None,
+    rope_theta=None,
+    backend="auto",
+    return_lse=False,
+):
+    """Prefill attention of ``qo_len`` query tokens against one request's KV.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[qo_len, num_qo_heads, head_dim]``, float16/bfloat16/float32.
+    k, v : torch.Tensor
+        ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
+        (HND); q's dtype or float8 (e4m3fn, e5m2).
+    scale_q, scale_k, scale_v : float or torch.Tensor, optional
+        Scales for quantized inputs (q and k multiply ``sm_scale``, v the output).
+    o_dtype : torch.dtype, optional
+        Output dtype, default q's.
+    custom_mask : torch.Tensor, optional
+        Bool ``[qo_len, kv_len]``, True where a key is visible; overrides ``causal``.
+    packed_custom_mask : torch.Tensor, optional
+        The same bits packed little-endian into uint8 (``packbits(mask.flatten())``).
+    causal : bool
+        Bottom-right aligned causal mask: query i sees keys ``j <= i + kv_len - qo_len``.
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    pos_encoding_mode : str
+        ``"NONE"`` or ``"ROPE_LLAMA"``.
+    use_fp16_qk_reduction : bool
+        Accepted for compatibility (reductions are fp32).
+    sm_scale : float, optional
+        Logit scale, default ``1 / sqrt(head_dim)``.
+    window_left : int
+        Keep only keys at most this many positions before the query (-1: all).
+    logits_soft_cap : float, optional
+        ``c`` applies ``c * tanh(s / c)`` to the scaled logits.
+    rope_scale, rope_theta : float, optional
+        RoPE interpolation scale (default 1) and base (default 1e4).
+    backend : str
+        Accepted for compatibility.
+    return_lse : bool
+        Also return the base-2 log-sum-exp of the scaled logits, float32.
+
+    Returns
+    -------
+    torch.Tensor or tuple of torch.Tensor
+        ``[qo_len, num_qo_heads, head_dim]``, and ``[qo_len, num_qo_heads]`` lse when asked.
+    """
+    _check_tensor("q", q, 3)
+    _check_tensor("k", k, 3)
+    _check_tensor("v", v, 3)
+    kw = _common_kwargs(
+        kv_layout,
+        pos_encoding_mode,
+        window_left,
+        logits_soft_cap,
+        sm_scale,
+        rope_scale,
+        rope_theta,
+    )
+    kw["sm_scale"] = _final_scale(kw["sm_scale"], q.shape[-1], scale_q, scale_k)
+    qo_len = q.shape[0]
+    kv_len = k.shape[0] if kw["kv_layout"] == "NHD" else k.shape[1]
+    mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], True)
+    out = torch.empty(q.shape, dtype=q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype))
+    lse = torch.empty(q.shape[:2], dtype=torch.float32) if return_lse else None
+    _attention(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        torch.tensor([0, qo_len], dtype=torch.int32),
+        torch.tensor([0, kv_len], dtype=torch.int32),
+        mask=mask,
+        mask_indptr=mask_indptr,
+        causal=bool(causal) and mask is None,
+        v_scale=_scale_value("scale_v", scale_v),
+        **kw,
+    )
+    return (out, lse) if return_lse else out
+
+
+def _prefill_plan_common(
+    qo_indptr,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim_qk,
+    head_dim_vo,
+    pos_encoding_mode,
+    kv_layout,
+    window_left,
+    logits_soft_cap,
+    sm_scale,
+    rope_scale,
+    rope_theta,
+    q_data_type,
+    kv_data_type,
+    o_data_type,
+):
+    qo_indptr = _index_tensor("qo_indptr", qo_indptr)
+    _check_heads(num_qo_heads, num_kv_heads)
+    _check_head_dim("head_dim_qk", head_dim_qk)
+    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+        raise ValueError(
+            f"head_dim_vo: {head_dim_vo} differs from head_dim_qk {head_dim_qk}; accepted: "
+            "equal head dims"
+        )
+    kw = _common_kwargs(
+        kv_layout,
+        pos_encoding_mode,
+        window_left,
+        logits_soft_cap,
+        sm_scale,
+        rope_scale,
+        rope_theta,
+    )
+    q_dtype = _as_dtype("q_data_type", q_data_type)
+    kv_dtype = _as_dtype("kv_data_type", kv_data_type) or q_dtype
+    o_dtype = _as_dtype("o_data_type", o_data_type) or q_dtype
+    return qo_indptr, kw, q_dtype, kv_dtype, o_dtype
+
+
+def _prefill_run_outputs(plan, q, out, lse, return_lse):
+    _check_tensor("q", q, 3)
+    total = int(plan["qo_indptr"][-1])
+    want = (total, plan["num_qo_heads"], plan["head_dim"])
+    if tuple(q.shape) != want:
+        raise ValueError(
+            f"q: shape {tuple(q.shape)} does not match the plan (qo_indptr[-1], num_qo_heads, "
+            f"head_dim_qk) = {want}"
+        )
+    _check_planned_dtype("q", q, plan["q_dtype"], "q_data_type")
+    out = _output("out", out, q.shape, plan["o_dtype"] or q.dtype)
+    if return_lse or lse is not None:
+        lse = _output("lse", lse, q.shape[:2], torch.float32)
+    return out, lse
+
+
+class BatchPrefillWithPagedKVCacheWrapper:
+    """Batched prefill attention over a paged KV cache: ``plan`` once, ``run`` per step.
+
+    Parameters
+    ----------
+    float_workspace_buffer : torch.Tensor
+        Accepted for compatibility (the CPU kernels need no workspace).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    use_cuda_graph : bool
+        Accepted for compatibility.
+    qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf,
+    custom_mask_buf, mask_indptr_buf : torch.Tensor, optional
+        Accepted for compatibility (CUDA-graph buffers).
+    backend : str
+        Accepted for compatibility.
+    """
+
+    @flashinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        jit_args=None,
+        jit_kwargs=None,
+    ):
+        if jit_args is not None or jit_kwargs is not None:
+            raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
+        self._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._use_cuda_graph = use_cuda_graph
+        self._backend = backend
+        self._plan = None
+
+    @flashinfer_api
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        non_blocking=True,
+    ):
+        """Records the batch layout, page table, mask and settings for ``run``.
+
+        Parameters
+        ----------
+        qo_indptr : torch.Tensor
+            ``[batch_size + 1]`` offsets of each request's query rows.
+        paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len : torch.Tensor
+            The page table (offsets into indices, page ids, tokens in the last page).
+        num_qo_heads, num_kv_heads, head_dim_qk, page_size : int
+            Problem sizes; ``head_dim_vo`` must equal ``head_dim_qk`` when given.
+        custom_mask, packed_custom_mask : torch.Tensor, optional
+            Per-request ``[qo_len, kv_len]`` masks, flattened and concatenated (bool), or
+            packed per request (``segment_packbits``, little-endian).
+        causal : bool
+            Bottom-right aligned causal mask (ignored with a custom mask).
+        pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap,
+        rope_scale, rope_theta
+            As in :func:`single_prefill_with_kv_cache`.
+        q_data_type, kv_data_type, o_data_type : torch.dtype or str
+            Expected dtypes of q and the cache, and the output dtype.
+        non_blocking : bool
+            Accepted for compatibility.
+        """
+        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+            qo_indptr,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            pos_encoding_mode,
+            self._kv_layout,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+            q_data_type,
+            kv_data_type,
+            o_data_type,
+        )
+        kv_indptr = _index_tensor("paged_kv_indptr", paged_kv_indptr)
+        kv_indices = _index_tensor("paged_kv_indices", paged_kv_indices)
+        last_page_len = _index_tensor("paged_kv_last_page_len", paged_kv_last_page_len)
+        batch_size = qo_indptr.numel() - 1
+        if kv_indptr.numel() != qo_indptr.numel() or last_page_len.numel() != batch_size:
+            raise ValueError(
+                f"paged_kv_indptr/paged_kv_last_page_len: {kv_indptr.numel()} and "
+                f"{last_page_len.numel()} entries for {batch_size} requests (qo_indptr); "
+                "accepted: batch_size + 1 and batch_size"
+            )
+        if page_size < 1:
+            raise ValueError(f"page_size: {page_size} is not accepted; accepted: >= 1")
+        mask, mask_indptr = _packed_mask(
+            custom_mask,
+            packed_custom_mask,
+            _lengths(qo_indptr),
+            _paged_kv_lens(kv_indptr, last_page_len, page_size),
+            False,
+        )
+        self._plan = dict(
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            kv_indices=kv_indices,
+            kv_last_page_len=last_page_len,
+            mask=mask,
+            mask_indptr=mask_indptr,
+            causal=bool(causal) and mask is None,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim_qk,
+            page_size=page_size,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            o_dtype=o_dtype,
+            kwargs=kw,
+        )
+
+    @flashinfer_api
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+    ):
+        """Prefill attention for the planned batch.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``.
+        paged_kv_cache : torch.Tensor or tuple of torch.Tensor
+            ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD; HND swaps
+            page_size and num_kv_heads) or a ``(k_cache, v_cache)`` tuple.
+        q_scale, k_scale, v_scale : float or torch.Tensor, optional
+            Scales for quantized inputs.
+        out, lse : torch.Tensor, optional
+            Preallocated outputs.
+        return_lse : bool
+            Also return lse ``[qo_indptr[-1], num_qo_heads]`` float32.
+        enable_pdl : bool, optional
+            Accepted for compatibility.
+        window_left : int, optional
+            Overrides the planned ``window_left``.
+
+        Returns
+        -------
+        torch.Tensor or tuple of torch.Tensor
+            The output, and lse when asked.
+        """
+        _no_extra_args(args)
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("run: plan() must be called before run()")
+        out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
+        k_cache, v_cache = _split_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        _check_paged_cache(
+            k_cache, self._kv_layout, plan["num_kv_heads"], plan["page_size"], plan["head_dim"]
+        )
+        _check_planned_dtype("paged_kv_cache", k_cache, plan["kv_dtype"], "kv_data_type")
+        kw = dict(plan["kwargs"])
+        if window_left is not None:
+            kw["window_left"] = int(window_left)
+        kw["sm_scale"] = _final_scale(kw["sm_scale"], plan["head_dim"], q_scale, k_scale)
+        _attention(
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+            plan["qo_indptr"],
+            plan["kv_indptr"],
+            kv_indices=plan["kv_indices"],
+            kv_last_page_len=plan["kv_last_page_len"],
+            mask=plan["mask"],
+            mask_indptr=plan["mask_indptr"],
+            causal=plan["causal"],
+            v_scale=_scale_value("v_scale", v_scale),
+            **kw,
+        )
+        return (out, lse) if return_lse else out
+
+
+class BatchPrefillWithRaggedKVCacheWrapper:
+    """Batched prefill attention over ragged (concatenated) K and V: ``plan``, then ``run``.
+
+    Parameters
+    ----------
+    float_workspace_buffer : torch.Tensor
+        Accepted for compatibility (the CPU kernels need no workspace).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    use_cuda_graph : bool
+        Accepted for compatibility.
+    qo_indptr_buf, kv_indptr_buf, custom_mask_buf, mask_indptr_buf : torch.Tensor, optional
+        Accepted for compatibility (CUDA-graph buffers).
+    backend : str
+        Accepted for compatibility.
+    """
+
+    @flashinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        kv_indptr_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        jit_args=None,
+        jit_kwargs=None,
+    ):
+        if jit_args is not None or jit_kwargs is not None:
+            raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
+        self._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._use_cuda_graph = use_cuda_graph
+        self._backend = backend
+        self._plan = None
+
+    @flashinfer_api
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        non_blocking=True,
+    ):
+        """Records the batch layout, mask and settings for ``run``.
+
+        Parameters
+        ----------
+        qo_indptr, kv_indptr : torch.Tensor
+            ``[batch_size + 1]`` offsets of each request's query rows and KV tokens.
+        num_qo_heads, num_kv_heads, head_dim_qk : int
+            Problem sizes; ``head_dim_vo`` must equal ``head_dim_qk`` when given.
+        custom_mask, packed_custom_mask : torch.Tensor, optional
+            Per-request ``[qo_len, kv_len]`` masks, flattened and concatenated (bool), or
+            packed per request (``segment_packbits``, little-endian).
+        causal : bool
+            Bottom-right aligned causal mask (ignored with a custom mask).
+        pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
+        rope_scale, rope_theta
+            As in :func:`single_prefill_with_kv_cache`.
+        q_data_type, kv_data_type, o_data_type : torch.dtype or str
+            Expected dtypes of q and k/v, and the output dtype.
+        non_blocking : bool
+            Accepted for compatibility.
+        """
+        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+            qo_indptr,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            pos_encoding_mode,
+            self._kv_layout,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+            q_data_type,
+            kv_data_type,
+            o_data_type,
+        )
+        kv_indptr = _index_tensor("kv_indptr", kv_indptr)
+        if kv_indptr.numel() != qo_indptr.numel():
+            raise ValueError(
+                f"kv_indptr: {kv_indptr.numel()} entries but qo_indptr has "
+                f"{qo_indptr.numel()}; accepted: the same batch_size + 1"
+            )
+        mask, mask_indptr = _packed_mask(
+            custom_mask, packed_custom_mask, _lengths(qo_indptr), _lengths(kv_indptr), False
+        )
+        self._plan = dict(
+            qo_indptr=qo_indptr,
+            kv_indptr=kv_indptr,
+            mask=mask,
+            mask_indptr=mask_indptr,
+            causal=bool(causal) and mask is None,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim_qk,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+            o_dtype=o_dtype,
+            kwargs=kw,
+        )
+
+    @flashinfer_api
+    def run(
+        self,
+        q,
+        k,
+        v,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+    ):
+        """Prefill attention for the planned batch.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``.
+        k, v : torch.Tensor
+            ``[kv_indptr[-1], num_kv_heads, head_dim_qk]`` (NHD) or heads first (HND).
+        q_scale, k_scale, v_scale : float or torch.Tensor, optional
+            Scales for quantized inputs.
+        out, lse : torch.Tensor, optional
+            Preallocated outputs.
+        return_lse : bool
+            Also return lse ``[qo_indptr[-1], num_qo_heads]`` float32.
+        enable_pdl : bool, optional
+            Accepted for compatibility.
+
+        Returns
+        -------
+        torch.Tensor or tuple of torch.Tensor
+            The output, and lse when asked.
+        """
+        _no_extra_args(args)
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("run: plan() must be called before run()")
+        out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
+        _check_tensor("k", k, 3)
+        _check_tensor("v", v, 3)
+        _check_planned_dtype("k", k, plan["kv_dtype"], "kv_data_type")
+        heads = k.shape[1] if self._kv_layout == "NHD" else k.shape[0]
+        if heads != plan["num_kv_heads"]:
+            raise ValueError(
+                f"k: {heads} kv heads in layout {self._kv_layout}; planned num_kv_heads "
+                f"{plan['num_kv_heads']}"
+            )
+        kw = dict(plan["kwargs"])
+        kw["sm_scale"] = _final_scale(kw["sm_scale"], plan["head_dim"], q_scale, k_scale)
+        _attention(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            plan["qo_indptr"],
+            plan["kv_indptr"],
+            mask=plan["mask"],
+            mask_indptr=plan["mask_indptr"],
+            causal=plan["causal"],
+            v_scale=_scale_value("v_scale", v_scale),
+            **kw,
+        )
+        return (out, lse) if return_lse else out

@@ -1,0 +1,75 @@
+"""Float32 torch reference for the attention tests: expand kv heads, mask, softmax, matmul."""
+
+import math
+
+import torch
+
+
+def rope_llama(x, positions, rope_scale=1.0, rope_theta=1e4):
+    """Rotate-half RoPE of x [n, heads, d] at the given positions [n]."""
+    d = x.shape[-1]
+    freq = (1.0 / rope_scale) * (1.0 / rope_theta) ** (
+        torch.arange(d // 2, dtype=torch.float32) * 2 / d
+    )
+    angle = positions.to(torch.float32)[:, None] * freq[None, :]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def attention(
+    q,
+    k,
+    v,
+    causal=False,
+    mask=None,
+    window_left=-1,
+    soft_cap=None,
+    sm_scale=None,
+    rope=False,
+    rope_scale=1.0,
+    rope_theta=1e4,
+    v_scale=1.0,
+):
+    """q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) -> (o [qo_len, Hq, D], lse [qo_len, Hq])."""
+    q, k, v = q.float(), k.float(), v.float()
+    qo_len, hq, d = q.shape
+    kv_len, hkv, _ = k.shape
+    if rope:
+        q = rope_llama(q, torch.arange(qo_len) + kv_len - qo_len, rope_scale, rope_theta)
+        k = rope_llama(k, torch.arange(kv_len), rope_scale, rope_theta)
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if soft_cap:
+        s = soft_cap * torch.tanh(s / soft_cap)
+    pos = torch.arange(qo_len)[:, None] + kv_len - qo_len
+    j = torch.arange(kv_len)[None, :]
+    visible = torch.ones(qo_len, kv_len, dtype=torch.bool)
+    if causal:
+        visible &= j <= pos
+    if window_left >= 0:
+        visible &= j >= pos - window_left
+    if mask is not None:
+        visible &= mask
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1) / math.log(2)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    o = torch.einsum("hqk,khd->qhd", p, v) * v_scale
+    return o, lse.transpose(0, 1)
+
+
+def gather_pages(cache, indices, kv_len, kv_layout):
+    """A request's [kv_len, H, D] keys (or values) from one paged cache [P, ...]."""
+    pages = cache[indices.long()]
+    if kv_layout == "HND":
+        pages = pages.transpose(1, 2)
+    return pages.reshape(-1, pages.shape[2], pages.shape[3])[:kv_len]
+
+
+TOLERANCE = {
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1e-2, rtol=1e-2),
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+}
