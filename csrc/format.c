@@ -4,6 +4,7 @@
 
 #include "flashinfer_kernels.h"
 #include "module.h"
+#include "stats.h"
 #include "tensor.h"
 
 static PyObject *enum_type; /* enum.Enum, immutable once cached */
@@ -133,7 +134,8 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int
     fi_buf_printf(b, "requires_grad=%s\n", requires_grad ? "True" : "False");
     fi_buf_indent(b, indent + 1);
     fi_buf_printf(b, "is_contiguous=%s\n", is_contiguous(&t) ? "True" : "False");
-    (void)level;
+    if (level >= 5 && fi_stats_format_tensor(b, tensor, indent + 1) < 0)
+        return -1;
     fi_buf_indent(b, indent);
     return fi_buf_puts(b, ")\n");
 }

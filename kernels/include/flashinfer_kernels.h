@@ -179,6 +179,7 @@ typedef struct {
 } fi_gemm_fp4_params;
 
 int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p);
+
 /* ---- Attention ------------------------------------------------------------------
  * One interface for decode and prefill, ragged or paged KV, CPU or CUDA. A batch of
  * num_requests requests; request b owns query rows qo_indptr[b] .. qo_indptr[b+1] of q
@@ -186,9 +187,13 @@ int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p);
  * key j lives in page kv_indices[kv_indptr[b] + j / page_size], slot j % page_size, and
  * kv_len(b) = (pages - 1) * page_size + kv_last_page_len[b] (0 with no pages).
  * Query row i of a request sits at position i + kv_len - qo_len, key j at position j. */
+
 typedef enum { FI_POS_ENCODING_NONE = 0, FI_POS_ENCODING_ROPE_LLAMA = 1 } fi_pos_encoding;
+
+typedef struct {
     int64_t num_requests;
     int64_t num_qo_heads, num_kv_heads, head_dim; /* num_qo_heads % num_kv_heads == 0 */
+
     /* q [total_qo, num_qo_heads, head_dim] and o (same shape), last dim contiguous;
      * strides in elements. q: f16/bf16/f32; o: f16/bf16/f32. */
     const void *q;
@@ -202,6 +207,7 @@ typedef enum { FI_POS_ENCODING_NONE = 0, FI_POS_ENCODING_ROPE_LLAMA = 1 } fi_pos
     float *lse;
     int64_t lse_stride_n, lse_stride_h;
     const int32_t *qo_indptr; /* [num_requests + 1] */
+
     /* K and V: element (page, slot, head, d) at base + page * stride_page +
      * slot * stride_n + head * stride_h + d (ragged: page is always 0). kv_dtype is
      * q_dtype or float8 (E4M3FN, E5M2); k and v share it. */
@@ -214,10 +220,12 @@ typedef enum { FI_POS_ENCODING_NONE = 0, FI_POS_ENCODING_ROPE_LLAMA = 1 } fi_pos
     const int32_t *kv_indices;      /* paged only: page ids */
     const int32_t *kv_last_page_len; /* paged only: [num_requests] */
     int64_t page_size;              /* paged only */
+
     /* Optional custom mask: request b's [qo_len, kv_len] booleans, row-major, bit-packed
      * little-endian from byte mask_indptr[b] of mask (1 = visible). NULL: no mask. */
     const uint8_t *mask;
     const int32_t *mask_indptr;
+
     int causal;               /* key j visible to row i only if j <= i + kv_len - qo_len */
     int64_t window_left;      /* >= 0: also j >= i + kv_len - qo_len - window_left */
     float logits_soft_cap;    /* > 0: s = cap * tanh(s / cap) */
@@ -226,6 +234,7 @@ typedef enum { FI_POS_ENCODING_NONE = 0, FI_POS_ENCODING_ROPE_LLAMA = 1 } fi_pos
     fi_pos_encoding pos_encoding;
     float rope_scale, rope_theta;
 } fi_attention_params;
+
 /* Computes o (and lse) for every query row with fp32 accumulation and an online
  * softmax; a row that sees no key gets zeros and lse = -inf. Work is split over
  * (request, kv head, query tile) on num_threads threads. Arguments must already be
