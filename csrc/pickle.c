@@ -451,7 +451,8 @@ static int set_items(reader *r, value *d, value **kv, size_t n)
         d->items = items;
         d->cap = cap;
     }
-    memcpy(d->items + d->nitems, kv, n * sizeof(value *));
+    if (n > 0)
+        memcpy(d->items + d->nitems, kv, n * sizeof(value *));
     d->nitems += n;
     return 0;
 }
