@@ -120,7 +120,6 @@ typedef struct value {
     gkind g;
     fi_dtype dtype;      /* G_TYPED_STORAGE, G_DTYPE, V_STORAGE, V_TENSOR */
     int untyped;         /* V_STORAGE from UntypedStorage */
-    int ordered;         /* V_DICT made by OrderedDict() */
     int64_t i;           /* V_INT, V_BOOL; V_STORAGE: bytes */
     const char *s;       /* V_STR; V_STORAGE: record key */
     size_t n;
@@ -394,10 +393,7 @@ static value *reduce(reader *r, value *fn, value *args)
             fail(r, "OrderedDict with arguments");
             return NULL;
         }
-        value *d = new_value(r, V_DICT);
-        if (d)
-            d->ordered = 1;
-        return d;
+        return new_value(r, V_DICT);
     }
     int v3 = fn->g == G_REBUILD_V3;
     if (fn->g != G_REBUILD_V2 && !v3) {
@@ -443,8 +439,6 @@ static int set_items(reader *r, value *d, value **kv, size_t n)
 {
     if (d->kind != V_DICT)
         return fail(r, "SETITEM on something that is not a dict");
-    if (d->ordered && n > 0)
-        return fail(r, "tensor backward hooks are not supported");
     if (d->nitems + n > d->cap) {
         size_t cap = (d->nitems + n) * 2;
         value **items = ralloc(r, cap * sizeof(value *));
@@ -457,7 +451,8 @@ static int set_items(reader *r, value *d, value **kv, size_t n)
         d->items = items;
         d->cap = cap;
     }
-    memcpy(d->items + d->nitems, kv, n * sizeof(value *));
+    if (n > 0)
+        memcpy(d->items + d->nitems, kv, n * sizeof(value *));
     d->nitems += n;
     return 0;
 }

@@ -414,10 +414,13 @@ PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, siz
         const entry *rec = find_entry(es, n, pkl->name, prefix_len, "/data/", lt->storage_key,
                                       lt->storage_key_len);
         if (!rec || rec->size < lt->data_nbytes) {
+            char key[72];
+            size_t kl = lt->storage_key_len < 64 ? lt->storage_key_len : 64;
+            memcpy(key, lt->storage_key, kl);
+            key[kl] = '\0';
             PyErr_Format(PyExc_ValueError,
-                         "%s: tensor %R: storage record data/%.*s is %s (needs %llu bytes)", path,
-                         lt->key, (int)(lt->storage_key_len > 64 ? 64 : lt->storage_key_len),
-                         lt->storage_key, rec ? "too short" : "missing",
+                         "%s: tensor %R: storage record data/%s is %s (needs %llu bytes)", path,
+                         lt->key, key, rec ? "too short" : "missing",
                          (unsigned long long)lt->data_nbytes);
             Py_CLEAR(result);
             break;
