@@ -27,6 +27,7 @@ struct fi_dump_call {
     PyObject *record;   /* the line-1 record, extended into line 2 */
     char *dir;          /* the call's directory */
     long long input_bytes;
+    PyObject *graph_entry; /* [dir, record, inputs, outputs, flushes] while captured */
 };
 
 /* --------------------------------------------------------------- log lines */
@@ -427,24 +428,24 @@ static int append_line(const char *path, const fi_buf *line)
 }
 
 /* metadata.jsonl of the call and the root's session.jsonl get the same line. */
-static int write_record(fi_dump_call *call)
+static int write_record_at(fi_logger *lg, const char *dir, PyObject *record)
 {
     fi_buf line;
     fi_buf_init(&line);
-    int r = fi_json_from_py(&line, call->record);
+    int r = fi_json_from_py(&line, record);
     if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
         PyErr_NoMemory();
         r = -1;
     }
     if (r == 0) {
-        size_t n = strlen(call->dir) + 32;
-        char *meta = malloc(n), *session = malloc(strlen(call->lg->cfg.dump_dir) + 32);
+        size_t n = strlen(dir) + 32;
+        char *meta = malloc(n), *session = malloc(strlen(lg->cfg.dump_dir) + 32);
         if (!meta || !session) {
             PyErr_NoMemory();
             r = -1;
         } else {
-            snprintf(meta, n, "%s/metadata.jsonl", call->dir);
-            sprintf(session, "%s/session.jsonl", call->lg->cfg.dump_dir);
+            snprintf(meta, n, "%s/metadata.jsonl", dir);
+            sprintf(session, "%s/session.jsonl", lg->cfg.dump_dir);
             r = append_line(meta, &line);
             if (r == 0)
                 r = append_line(session, &line);
@@ -456,20 +457,31 @@ static int write_record(fi_dump_call *call)
     return r;
 }
 
-static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
+static int write_record(fi_dump_call *call)
 {
-    int st = call->lg->cfg.safetensors;
-    size_t n = strlen(call->dir) + 32;
+    return write_record_at(call->lg, call->dir, call->record);
+}
+
+static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
+                                  PyObject *tensors)
+{
+    int st = lg->cfg.safetensors;
+    size_t n = strlen(dir) + 32;
     char *path = malloc(n);
     if (!path) {
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(path, n, "%s/%s.%s", call->dir, stem, st ? "safetensors" : "pt");
+    snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
     Py_ssize_t written =
         fi_save_tensor_dict(path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH);
     free(path);
     return written;
+}
+
+static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
+{
+    return save_tensors_at(call->lg, call->dir, stem, tensors);
 }
 
 /* ---------------------------------------------------------------- records */
@@ -517,7 +529,7 @@ static int graph_capturing(PyObject *tensors)
 
 static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *name,
                               const char *stamp, long long call_seq, const char *dir,
-                              tensor_sink *ts, PyObject *input_meta)
+                              tensor_sink *ts, PyObject *input_meta, int capturing)
 {
     PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
     if (!module) {
@@ -535,8 +547,9 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
         "tensor_details", ts->details, "tensor_format",
         lg->cfg.safetensors ? "safetensors" : "torch", "function_signature",
         api->signature_text ? api->signature_text : Py_None, "versions",
-        versions ? versions : Py_None, "execution_status", "inputs_saved", "graph_capture",
-        graph_capturing(ts->tensors) ? Py_True : Py_False, "dump_dir", dir, "sequence",
+        versions ? versions : Py_None, "execution_status",
+        capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",
+        capturing ? Py_True : Py_False, "dump_dir", dir, "sequence",
         lg->sequence);
     if (rec && api->self) {
         PyObject *id = PyLong_FromVoidPtr(api->self);
@@ -575,6 +588,7 @@ static void call_free(fi_dump_call *call)
     Py_XDECREF(call->lg);
     Py_XDECREF(call->name);
     Py_XDECREF(call->record);
+    Py_XDECREF(call->graph_entry);
     free(call->dir);
     free(call);
 }
@@ -616,7 +630,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     call->dir = make_call_dir(lg, call->name, stamp, &call_seq);
     if (!call->dir)
         goto error;
-    Py_ssize_t written = save_tensors(call, "inputs", ts.tensors);
+    /* while a CUDA graph is captured no device-to-host copy may run: hold the
+     * tensors and write them after each replay (fi_dump_flush_graph) */
+    int capturing = lg->force_graph_capture || graph_capturing(ts.tensors);
+    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
     if (written < 0) {
         rmdir(call->dir);
         goto error;
@@ -625,9 +642,16 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     lg->dump_count++;
     lg->dump_bytes += written;
     call->input_bytes = ts.bytes;
-    call->record = build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta);
+    call->record = build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta,
+                                capturing);
     if (!call->record || write_record(call) < 0)
         goto error;
+    if (capturing) {
+        call->graph_entry = Py_BuildValue("[sOOOi]", call->dir, call->record, ts.tensors,
+                                          Py_None, 0);
+        if (!call->graph_entry || PyList_Append(lg->graph_pending, call->graph_entry) < 0)
+            goto error;
+    }
     sink_free(&ts);
     Py_DECREF(input_meta);
     PyErr_Restore(et, ev, tb);
@@ -678,6 +702,16 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
     if (!out_meta || !info || !details || collect_outputs(&ts, out_meta, result) < 0)
         goto done;
     long long out_bytes = 0;
+    if (call->graph_entry) { /* captured: keep the output tensors for the flushes */
+        Py_INCREF(ts.tensors);
+        Py_INCREF(ts.keys);
+        r = PyList_SetItem(call->graph_entry, 3, ts.tensors) < 0 ||
+                    PyDict_Update(details, ts.details) < 0 ||
+                    dict_set(info, "output_tensor_keys", ts.keys) < 0
+                ? -1
+                : 0;
+        goto done;
+    }
     if (PyList_GET_SIZE(ts.keys) > 0) {
         double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
         if ((double)(lg->dump_bytes + ts.bytes) > cap) {
@@ -741,6 +775,15 @@ static int finish_exception(fi_dump_call *call, PyObject *ev)
     return dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
 }
 
+/* Removes a captured call from the pending list (it raised: nothing to flush). */
+static void drop_graph_entry(fi_dump_call *call)
+{
+    PyObject *pending = call->lg->graph_pending;
+    for (Py_ssize_t i = PyList_GET_SIZE(pending) - 1; i >= 0; i--)
+        if (PyList_GET_ITEM(pending, i) == call->graph_entry)
+            PyList_SetSlice(pending, i, i + 1, NULL);
+}
+
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
@@ -748,9 +791,16 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     int r;
     if (result) {
         r = finish_completed(call, result);
+        if (r == 0 && call->graph_entry) { /* line 2 comes with the first flush */
+            call_free(call);
+            PyErr_Restore(et, ev, tb);
+            return;
+        }
     } else {
         PyErr_NormalizeException(&et, &ev, &tb);
         r = ev ? finish_exception(call, ev) : 0;
+        if (call->graph_entry)
+            drop_graph_entry(call);
     }
     if (r == 0)
         r = write_record(call);
@@ -760,4 +810,75 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     if (tb && ev)
         PyException_SetTraceback(ev, tb);
     PyErr_Restore(et, ev, tb);
+}
+
+/* One snapshot of a captured call: graph_flushes/flush_NNNN/ plus the refreshed root
+ * files, then a "completed" line naming the flush. */
+static int flush_entry(fi_logger *lg, PyObject *entry)
+{
+    const char *dir = PyUnicode_AsUTF8(PyList_GET_ITEM(entry, 0));
+    PyObject *inputs = PyList_GET_ITEM(entry, 2), *outputs = PyList_GET_ITEM(entry, 3);
+    long n = PyLong_AsLong(PyList_GET_ITEM(entry, 4)) + 1;
+    if (!dir || n <= 0)
+        return -1;
+    PyObject *count = PyLong_FromLong(n);
+    if (!count || PyList_SetItem(entry, 4, count) < 0)
+        return -1;
+    size_t cap = strlen(dir) + 64;
+    char *snap = malloc(cap);
+    if (!snap) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", dir, n);
+    int r = fi_make_parents(snap, 0700);
+    if (r < 0)
+        PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
+    snap[strlen(snap) - 1] = '\0';
+    long long bytes = 0;
+    const char *targets[2] = {snap, dir};
+    for (int i = 0; r == 0 && i < 2; i++) {
+        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", inputs);
+        Py_ssize_t w2 = 0;
+        if (w >= 0 && outputs != Py_None && PyDict_GET_SIZE(outputs) > 0)
+            w2 = save_tensors_at(lg, targets[i], "outputs", outputs);
+        if (w < 0 || w2 < 0)
+            r = -1;
+        else
+            bytes += w + w2;
+    }
+    free(snap);
+    if (r < 0)
+        return -1;
+    lg->dump_bytes += bytes;
+    PyObject *record = PyDict_Copy(PyList_GET_ITEM(entry, 1));
+    if (!record)
+        return -1;
+    if (dict_set(record, "execution_status", PyUnicode_FromString("completed")) < 0 ||
+        dict_set(record, "graph_flush", PyLong_FromLong(n)) < 0 ||
+        write_record_at(lg, dir, record) < 0) {
+        Py_DECREF(record);
+        return -1;
+    }
+    Py_DECREF(record);
+    return 0;
+}
+
+PyObject *fi_dump_flush_graph(fi_logger *lg)
+{
+    PyObject *pending = PySequence_List(lg->graph_pending);
+    if (!pending)
+        return NULL;
+    Py_ssize_t done = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+        PyObject *entry = PyList_GET_ITEM(pending, i);
+        if (flush_entry(lg, entry) == 0) {
+            done++;
+            continue;
+        }
+        PyObject *name = PyDict_GetItemString(PyList_GET_ITEM(entry, 1), "function_name");
+        log_dump_error(lg, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
+    }
+    Py_DECREF(pending);
+    return PyLong_FromSsize_t(done);
 }

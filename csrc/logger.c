@@ -4,6 +4,7 @@
 
 #include <structmember.h>
 
+#include "dump.h"
 #include "module.h"
 
 static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
@@ -29,7 +30,8 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     lg->sink.fd = -1;
     lg->call_counters = PyDict_New();
     lg->static_meta = PyDict_New();
-    if (!lg->call_counters || !lg->static_meta || fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
+    lg->graph_pending = PyList_New(0);
+    if (!lg->call_counters || !lg->static_meta || !lg->graph_pending || fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
         Py_DECREF(lg);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
@@ -43,6 +45,7 @@ static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(lg));
     Py_VISIT(lg->call_counters);
     Py_VISIT(lg->static_meta);
+    Py_VISIT(lg->graph_pending);
     return 0;
 }
 
@@ -50,6 +53,7 @@ static int logger_clear(fi_logger *lg)
 {
     Py_CLEAR(lg->call_counters);
     Py_CLEAR(lg->static_meta);
+    Py_CLEAR(lg->graph_pending);
     return 0;
 }
 
@@ -162,6 +166,8 @@ static PyGetSetDef logger_getset[] = {
 
 static PyMemberDef logger_members[] = {
     {"suspended", T_INT, offsetof(fi_logger, suspended), 0, "> 0 while dumping is suspended."},
+    {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
+     "Tests: record every call as if a CUDA graph were being captured."},
     {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
     {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
     {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,
@@ -169,7 +175,30 @@ static PyMemberDef logger_members[] = {
     {NULL},
 };
 
+PyDoc_STRVAR(logger_flush_doc,
+             "flush_graph_dumps()\n--\n\nWrite the tensors of calls recorded during CUDA graph "
+             "capture (their current values) as a new snapshot; returns how many calls.");
+PyDoc_STRVAR(logger_clear_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
+                               "CUDA graph capture; returns how many were dropped.");
+
+static PyObject *logger_flush(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    return fi_dump_flush_graph(lg);
+}
+
+static PyObject *logger_clear_graph(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    Py_ssize_t n = PyList_GET_SIZE(lg->graph_pending);
+    if (PyList_SetSlice(lg->graph_pending, 0, n, NULL) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(n);
+}
+
 static PyMethodDef logger_methods[] = {
+    {"flush_graph_dumps", (PyCFunction)logger_flush, METH_NOARGS, logger_flush_doc},
+    {"clear_graph_dumps", (PyCFunction)logger_clear_graph, METH_NOARGS, logger_clear_doc},
     {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
     {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},
     {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},

@@ -22,6 +22,8 @@ typedef struct {
     long long sequence;       /* per-process order of dumped calls */
     PyObject *call_counters;  /* dict: API name -> int, for the directory names */
     PyObject *static_meta;    /* dict: "versions" etc., set from Python */
+    PyObject *graph_pending;  /* list of calls recorded during CUDA graph capture */
+    int force_graph_capture;  /* tests: treat every call as captured */
     int suspended;            /* > 0 while replaying: no dumps */
     int count_cap_warned, size_cap_warned;
     int dump_root_ready;

@@ -15,6 +15,7 @@ import functools
 import inspect
 import os
 import platform
+import sys
 
 import torch
 
@@ -81,15 +82,13 @@ if _API_LOG_LEVEL > 0:
     except Exception as e:  # logging must never break the import
         _LOGGER.write(f"[LOGGING ERROR in system information]: {e}\n")
 if _API_LOG_LEVEL >= 10:
-    import sys as _sys
-
     _LOGGER.static_meta["versions"] = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "flashinfer": __version__,
     }
-    _sys.stderr.write(_dump_banner_text())
-    _sys.stderr.flush()
+    sys.stderr.write(_dump_banner_text())
+    sys.stderr.flush()
 
 
 def _parameters_of(func):
@@ -178,6 +177,57 @@ def load_tensors(path):
     return _C.load_tensors(os.fspath(path))
 
 
+def flush_graph_dumps():
+    """Write the calls recorded while a CUDA graph was being captured.
+
+    At level 10 no device-to-host copy may enter a graph, so calls recorded during
+    capture hold references to their tensors (status ``graph_capture_pending_flush``).
+    Each flush writes their current values to ``graph_flushes/flush_NNNN/`` under each
+    call's directory, refreshes the call's root ``inputs``/``outputs`` files to this
+    latest snapshot and appends a ``completed`` metadata line. It runs automatically
+    after every ``torch.cuda.CUDAGraph.replay()``.
+
+    Returns
+    -------
+    int
+        The number of calls written.
+    """
+    return _LOGGER.flush_graph_dumps()
+
+
+def clear_graph_dumps():
+    """Forget the calls recorded during CUDA graph capture (drops their tensors).
+
+    Returns
+    -------
+    int
+        The number of calls dropped.
+    """
+    return _LOGGER.clear_graph_dumps()
+
+
+def _install_graph_replay_hook():
+    """Flush captured level-10 calls after every CUDAGraph.replay() (once per process)."""
+    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
+    if graph_cls is None or getattr(graph_cls.replay, "_flashinfer_hook", False):
+        return
+    original = graph_cls.replay
+
+    def replay(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        module = sys.modules.get(__name__)
+        if module is not None and module._API_LOG_LEVEL >= 10:
+            module.flush_graph_dumps()
+        return result
+
+    replay._flashinfer_hook = True
+    graph_cls.replay = replay
+
+
+if _API_LOG_LEVEL >= 10:
+    _install_graph_replay_hook()
+
+
 @contextlib.contextmanager
 def _suspend_dumps():
     """Suspend level-10 dumping (replay uses it so it never writes into its input)."""
@@ -190,4 +240,11 @@ def _suspend_dumps():
 
 from .replay import replay_from_dump, replay_sequence  # noqa: E402  (replay uses this module)
 
-__all__ = ["flashinfer_api", "load_tensors", "replay_from_dump", "replay_sequence"]
+__all__ = [
+    "clear_graph_dumps",
+    "flashinfer_api",
+    "flush_graph_dumps",
+    "load_tensors",
+    "replay_from_dump",
+    "replay_sequence",
+]
