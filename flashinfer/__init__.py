@@ -2,8 +2,10 @@
 
 import torch  # noqa: F401  (the C extension reads torch objects at import)
 
-from . import _C  # noqa: F401
-from . import api_logging  # noqa: F401  (reads FLASHINFER_* at import)
+from . import (
+    _C,  # noqa: F401
+    api_logging,  # noqa: F401  (reads FLASHINFER_* at import)
+)
 from .autotuner import autotune
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .fp4_quantization import SfLayout, fp4_quantize, nvfp4_quantize

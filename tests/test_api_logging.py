@@ -12,7 +12,6 @@ import threading
 
 import pytest
 import torch
-
 from logging_utils import DASH, SEP, normalize, reload_api_logging, restore_level_0, strip_header
 
 

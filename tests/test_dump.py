@@ -14,7 +14,6 @@ import time
 
 import pytest
 import torch
-
 from logging_utils import reload_api_logging, restore_level_0
 
 NAME_RE = re.compile(r"^\d{8}_\d{6}_\d{3}_pid(\d+)_(.+)_call(\d{4,})$")
@@ -169,7 +168,12 @@ def test_metadata_lines_schema(level10, tmp_path):
     assert info1["output_tensor_keys"] == []
     assert info1["input_size_bytes"] == 24 + 8
     assert info1["input_size_mb"] == pytest.approx(32 / 1024 / 1024)
-    assert set(info1) == {"input_tensor_keys", "output_tensor_keys", "input_size_bytes", "input_size_mb"}
+    assert set(info1) == {
+        "input_tensor_keys",
+        "output_tensor_keys",
+        "input_size_bytes",
+        "input_size_mb",
+    }
     assert line1["tensor_details"] == {
         "arg_0": {"shape": [2, 3], "dtype": "torch.float32", "stride": [3, 1], "device": "cpu"},
         "kwarg_out__0": {"shape": [2], "dtype": "torch.float32", "stride": [1], "device": "cpu"},

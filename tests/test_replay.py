@@ -424,7 +424,9 @@ def test_truncated_tensor_file_error_names_file(root, fmt):
     path = os.path.join(writer.dirs[0], "inputs" + ext)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(ValueError, match=rf"inputs\{ext}: not a valid (PyTorch zip|safetensors) file"):
+    with pytest.raises(
+        ValueError, match=rf"inputs\{ext}: not a valid (PyTorch zip|safetensors) file"
+    ):
         replay_from_dump(writer.dirs[0])
 
 
