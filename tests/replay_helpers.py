@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import sys
+import time
 from datetime import datetime
 
 import torch
@@ -68,6 +69,13 @@ def fill_out(x, out):
     """Write ``x + 1`` into ``out`` and return it (the ``out=`` convention)."""
     out.copy_(x + 1)
     return out
+
+
+@flashinfer_api
+def slow_identity(x, seconds=60.0):
+    """Sleeps before returning: tests kill the process in the middle of this call."""
+    time.sleep(seconds)
+    return x
 
 
 class SegmentSumWrapper:

@@ -183,7 +183,7 @@ def test_metadata_lines_schema(level10, tmp_path):
     assert info2["output_size_bytes"] == 24
     assert info2["total_size_bytes"] == 56
     assert info2["total_size_mb"] == pytest.approx(56 / 1024 / 1024)
-    assert line2["output_metadata"] == {"result_1": 3, "result": {"type": "tuple", "length": 2}}
+    assert line2["output_metadata"] == {"result_1": 3}
     assert line2["tensor_details"]["result_0"]["shape"] == [2, 3]
     inputs = torch.load(d / "inputs.pt", weights_only=True)
     assert set(inputs) == {"arg_0", "kwarg_out__0"}
