@@ -36,8 +36,9 @@ test: build
 bench: build
 	$(VPY) benchmarks/bench_logging_overhead.py
 
+# C built with -Werror into build/lint-lib (the in-place extension is left alone).
 lint: venv
-	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --inplace --build-temp build/lint --force
+	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
 	$(VENV)/bin/ruff check flashinfer tests benchmarks examples setup.py
 	$(VENV)/bin/ruff format --check flashinfer tests benchmarks examples setup.py
 

@@ -562,3 +562,38 @@ def test_eight_threads_to_one_file_every_record_whole(logmod, tmp_path):
     expected = {k * 1000 + i for k in range(8) for i in range(500)}
     assert seen_in == expected
     assert seen_out == expected
+
+
+def test_level_5_adds_statistics_inside_tensor_blocks(logmod, tmp_path):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log))
+    x = torch.tensor([[1.0, float("nan")], [float("inf"), -2.0]])
+    m.flashinfer_api(lambda t, i: i)(x, torch.tensor([3, -1, 7], dtype=torch.int32))
+    text = strip_header(read(log))
+    assert (
+        "    Tensor(\n"
+        "      shape=(2, 2)\n"
+        "      stride=(2, 1)\n"
+        "      dtype=torch.float32\n"
+        "      device=cpu\n"
+        "      requires_grad=False\n"
+        "      is_contiguous=True\n"
+        "      min=-2.000000\n"
+        "      max=inf\n"
+        "      mean=inf\n"
+        "      nan_count=1\n"
+        "      inf_count=1\n"
+        "    )\n" in text
+    )
+    assert "      min=-1\n      max=7\n      mean=3.000000\n    )\n" in text
+    assert "Output value:\n  Tensor(\n" in text
+    assert "    min=-1\n    max=7\n    mean=3.000000\n  )\n" in text
+
+
+def test_level_5_empty_and_complex_tensors_have_no_statistics(logmod, tmp_path):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log))
+    m.flashinfer_api(lambda a, b: None)(torch.empty(0), torch.zeros(2, dtype=torch.complex64))
+    text = strip_header(read(log))
+    assert "min=" not in text
+    assert text.count("is_contiguous=True\n    )\n") == 2
