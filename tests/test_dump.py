@@ -586,3 +586,15 @@ def test_graph_capture_holds_tensors_until_flush(level10, tmp_path):
     assert torch.equal(torch.load(d / "outputs.pt")["result"], torch.full((4,), 10.0))
     assert m.clear_graph_dumps() == 1
     assert m.flush_graph_dumps() == 0
+
+
+def test_unwritable_dump_dir_logs_an_error_and_the_call_still_runs(level10, tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")
+    m = level10(FLASHINFER_DUMP_DIR=str(blocker / "dumps"))
+    f = m.flashinfer_api(lambda x: x + 1)
+    assert f(1) == 2
+    errors = [ln for ln in log_text(tmp_path).splitlines() if ln.startswith("[DUMP ERROR")]
+    assert len(errors) == 1
+    assert errors[0].startswith("[DUMP ERROR (inputs) in <lambda>]: cannot create dump directory")
+    assert "Output value:\n  2\n" in log_text(tmp_path)
