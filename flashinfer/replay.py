@@ -296,7 +296,9 @@ def _expected_result(metadata, tensors, device, where):
         return tensors["result"]
     marker = metadata.get("result")
     # A returned tuple is recorded as {"type": "tuple", "length": n} plus result_{i} keys.
-    if "result" in metadata and not (isinstance(marker, dict) and "length" in marker and "items" not in marker):
+    if "result" in metadata and not (
+        isinstance(marker, dict) and "length" in marker and "items" not in marker
+    ):
         return _decode(marker, "result", tensors, device, where)
     items = {}
     for key in list(metadata) + list(tensors):
