@@ -294,8 +294,12 @@ def _expected_result(metadata, tensors, device, where):
     """The recorded return value, from ``output_metadata`` and the output tensors."""
     if "result" in tensors:
         return tensors["result"]
-    if "result" in metadata:
-        return _decode(metadata["result"], "result", tensors, device, where)
+    marker = metadata.get("result")
+    # A returned tuple is recorded as {"type": "tuple", "length": n} plus result_{i} keys.
+    if "result" in metadata and not (
+        isinstance(marker, dict) and "length" in marker and "items" not in marker
+    ):
+        return _decode(marker, "result", tensors, device, where)
     items = {}
     for key in list(metadata) + list(tensors):
         if key.startswith("result_") and key[7:].isdigit():
