@@ -41,6 +41,7 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_tensorio_exec},
     {Py_mod_exec, fi_stats_exec},
     {Py_mod_exec, fi_attention_exec},
+    {Py_mod_exec, fi_cuda_info_exec},
     {0, NULL},
 };
 

@@ -30,5 +30,6 @@ int fi_gemm_exec(PyObject *module);
 int fi_json_exec(PyObject *module);
 int fi_tensorio_exec(PyObject *module);
 int fi_attention_exec(PyObject *module);
+int fi_cuda_info_exec(PyObject *module);
 
 #endif

@@ -32,20 +32,30 @@ static int read_tensor(arg_tensor *a)
     return fi_tensor_from_py(a->obj, &a->t);
 }
 
-/* Every tensor on the CPU: a CUDA tensor is refused (no CUDA kernels in this build),
- * and so is a mix of devices. */
+/* Every tensor on one device: all on the CPU, or (in a build with the CUDA kernels) all
+ * on the same CUDA device. */
 static int check_devices(arg_tensor *args, int n)
 {
     for (int i = 0; i < n; i++) {
-        if (args[i].t.device_type != FI_DEVICE_CPU) {
+        if (args[i].t.device_type != FI_DEVICE_CPU && args[i].t.device_type != FI_DEVICE_CUDA) {
             PyErr_Format(PyExc_ValueError,
-                         "%s is on %s; this build runs attention on cpu tensors only",
+                         "%s is on %s; this build runs attention on cpu and cuda tensors only",
                          args[i].name, device_name(&args[i].t));
             return -1;
         }
+#ifndef FI_WITH_CUDA
+        if (args[i].t.device_type == FI_DEVICE_CUDA) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s is on cuda; this package was built without CUDA kernels (no nvcc "
+                         "at build time), so attention runs on cpu tensors only",
+                         args[i].name);
+            return -1;
+        }
+#endif
     }
     for (int i = 0; i < n; i++) {
-        if (args[i].t.device_index != args[0].t.device_index) {
+        if (args[i].t.device_type != args[0].t.device_type ||
+            args[i].t.device_index != args[0].t.device_index) {
             PyErr_Format(PyExc_ValueError,
                          "%s is on %s:%d but %s is on %s:%d; all tensors must be on the "
                          "same device",
@@ -392,13 +402,140 @@ static int check_scalars(fi_attention_params *p, const char *layout, const char 
     return 0;
 }
 
+/* Every check, then p filled from the arguments (index arrays read where t.data points). */
+static int check_all(attention_args *a, fi_attention_params *p, const char *layout,
+                     const char *pos_mode, int causal, long long window_left, double cap,
+                     double sm_scale, double v_scale, double rope_scale, double rope_theta)
+{
+    memset(p, 0, sizeof(*p));
+    p->paged = a->kv_indices.obj != NULL;
+    p->causal = causal;
+    int hnd = 0;
+    if (check_scalars(p, layout, pos_mode, window_left, cap, sm_scale, v_scale, rope_scale,
+                      rope_theta, &hnd) < 0 ||
+        check_q_out(a, p) < 0 || check_kv(a, p, hnd) < 0)
+        return -1;
+    p->kv_indptr = a->kv_indptr.t.data;
+    if (a->mask.obj && check_mask(a, p) < 0)
+        return -1;
+    if (isnan(sm_scale))
+        p->sm_scale = 1.0f / sqrtf((float)p->head_dim);
+    return 0;
+}
+
+#ifdef FI_WITH_CUDA
+#define NUM_INDEX_ARRAYS 5
+
+/* CUDA tensors: the index arrays are copied to the host and checked there exactly as on
+ * the CPU (a bad page index must not reach the kernel), then the kernel is launched on
+ * the given stream with the device copies. Capturing a CUDA graph is refused: the
+ * copy would synchronise the stream. */
+static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, const char *layout,
+                                const char *pos_mode, int causal, long long window_left,
+                                double cap, double sm_scale, double v_scale,
+                                double rope_scale, double rope_theta)
+{
+    void *stream = NULL;
+    if (stream_obj != Py_None) {
+        stream = PyLong_AsVoidPtr(stream_obj);
+        if (!stream && PyErr_Occurred()) {
+            PyErr_Format(PyExc_ValueError,
+                         "stream: expected an int (torch.cuda.Stream.cuda_stream), got %.200s",
+                         Py_TYPE(stream_obj)->tp_name);
+            return NULL;
+        }
+    }
+    int device = a->q.t.device_index, capturing = 0;
+    if (fi_cuda_stream_capturing(device, stream, &capturing) != 0) {
+        PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
+        return NULL;
+    }
+    if (capturing) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "attention: the stream is capturing a CUDA graph; this build checks "
+                        "the index arrays on the host before each launch, which cannot be "
+                        "captured");
+        return NULL;
+    }
+    arg_tensor *idx[NUM_INDEX_ARRAYS] = {&a->qo_indptr, &a->kv_indptr, &a->kv_indices,
+                                         &a->kv_last_page_len, &a->mask_indptr};
+    void *device_data[NUM_INDEX_ARRAYS] = {NULL};
+    int32_t *host[NUM_INDEX_ARRAYS] = {NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < NUM_INDEX_ARRAYS; i++) {
+        if (!idx[i]->obj)
+            continue;
+        if (check_index_array(idx[i], -1) < 0)
+            goto done;
+        size_t count = (size_t)idx[i]->t.shape[0];
+        host[i] = PyMem_Malloc((count ? count : 1) * sizeof(int32_t));
+        if (!host[i]) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = fi_cuda_copy_to_host(host[i], idx[i]->t.data, count * sizeof(int32_t), device,
+                                  stream);
+        Py_END_ALLOW_THREADS
+        if (rc != 0) {
+            PyErr_Format(PyExc_RuntimeError, "attention: reading %s: %s", idx[i]->name,
+                         fi_cuda_last_error());
+            goto done;
+        }
+        device_data[i] = idx[i]->t.data;
+        idx[i]->t.data = host[i];
+    }
+    fi_attention_params p;
+    if (check_all(a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale,
+                  rope_scale, rope_theta) < 0)
+        goto done;
+    /* Planning bounds from the checked host copies. */
+    p.device = device;
+    p.total_qo_rows = a->q.t.shape[0];
+    for (int64_t b = 0; b < p.num_requests; b++) {
+        int64_t qo_len = (int64_t)p.qo_indptr[b + 1] - p.qo_indptr[b];
+        int64_t kv_len = (int64_t)p.kv_indptr[b + 1] - p.kv_indptr[b];
+        if (p.paged)
+            kv_len = kv_len == 0 ? 0 : (kv_len - 1) * p.page_size + p.kv_last_page_len[b];
+        if (qo_len > p.max_qo_len)
+            p.max_qo_len = qo_len;
+        if (kv_len > p.max_kv_len)
+            p.max_kv_len = kv_len;
+    }
+    p.qo_indptr = device_data[0];
+    p.kv_indptr = device_data[1];
+    p.kv_indices = device_data[2];
+    p.kv_last_page_len = device_data[3];
+    p.mask_indptr = device_data[4];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cuda(&p, stream);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < NUM_INDEX_ARRAYS; i++) {
+        if (device_data[i])
+            idx[i]->t.data = device_data[i];
+        PyMem_Free(host[i]);
+    }
+    return result;
+}
+#endif
+
 PyDoc_STRVAR(attention_doc,
              "attention(q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices=None,\n"
              "          kv_last_page_len=None, mask=None, mask_indptr=None, kv_layout='NHD',\n"
              "          causal=False, window_left=-1, logits_soft_cap=0.0, sm_scale=nan,\n"
              "          v_scale=1.0, pos_encoding_mode='NONE', rope_scale=1.0,\n"
-             "          rope_theta=1e4, num_threads=1)\n--\n\n"
-             "Batched attention on CPU tensors, written into out (and lse when given).\n"
+             "          rope_theta=1e4, num_threads=1, stream=None)\n--\n\n"
+             "Batched attention, written into out (and lse when given). CPU tensors, or\n"
+             "(built with CUDA kernels) CUDA tensors all on one device, launched on stream\n"
+             "(the integer torch.cuda.current_stream().cuda_stream; None: default stream).\n"
              "q/out [total_qo, Hq, D]; k/v ragged [total_kv, Hkv, D] (NHD) or paged\n"
              "[num_pages, page_size, Hkv, D] when kv_indices is given; int32 indptrs;\n"
              "mask: uint8 bits (little-endian) per request from byte mask_indptr[b].\n"
@@ -411,21 +548,21 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
                              "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
                              "kv_layout", "causal", "window_left", "logits_soft_cap",
                              "sm_scale", "v_scale", "pos_encoding_mode", "rope_scale",
-                             "rope_theta", "num_threads", NULL};
+                             "rope_theta", "num_threads", "stream", NULL};
     attention_args a;
     memset(&a, 0, sizeof(a));
     PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
-             *mask_indptr = Py_None, *lse = Py_None;
+             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None;
     const char *layout = "NHD", *pos_mode = "NONE";
     int causal = 0, num_threads = 1;
     long long window_left = -1;
     double cap = 0.0, sm_scale = NAN, v_scale = 1.0, rope_scale = 1.0, rope_theta = 1e4;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddi", kwlist, &a.q.obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddiO", kwlist, &a.q.obj,
                                      &a.k.obj, &a.v.obj, &a.out.obj, &lse, &a.qo_indptr.obj,
                                      &a.kv_indptr.obj, &kv_indices, &last_page_len, &mask,
                                      &mask_indptr, &layout, &causal, &window_left, &cap,
                                      &sm_scale, &v_scale, &pos_mode, &rope_scale, &rope_theta,
-                                     &num_threads))
+                                     &num_threads, &stream_obj))
         return NULL;
     int paged = kv_indices != Py_None;
     if (paged != (last_page_len != Py_None)) {
@@ -469,20 +606,16 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     if (check_devices(present, n) < 0)
         return NULL;
 
+    if (a.q.t.device_type == FI_DEVICE_CUDA) {
+#ifdef FI_WITH_CUDA
+        return attention_cuda(&a, stream_obj, layout, pos_mode, causal, window_left, cap,
+                              sm_scale, v_scale, rope_scale, rope_theta);
+#endif
+    }
     fi_attention_params p;
-    memset(&p, 0, sizeof(p));
-    p.paged = paged;
-    p.causal = causal;
-    int hnd = 0;
-    if (check_scalars(&p, layout, pos_mode, window_left, cap, sm_scale, v_scale, rope_scale,
-                      rope_theta, &hnd) < 0 ||
-        check_q_out(&a, &p) < 0 || check_kv(&a, &p, hnd) < 0)
+    if (check_all(&a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale,
+                  rope_scale, rope_theta) < 0)
         return NULL;
-    p.kv_indptr = a.kv_indptr.t.data;
-    if (a.mask.obj && check_mask(&a, &p) < 0)
-        return NULL;
-    if (isnan(sm_scale))
-        p.sm_scale = 1.0f / sqrtf((float)p.head_dim);
     if (num_threads < 1)
         num_threads = 1;
 

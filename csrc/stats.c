@@ -3,6 +3,7 @@
 #include "stats.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "fi_numeric.h"
@@ -910,6 +911,83 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
     return 0;
 }
 
+#ifdef FI_WITH_CUDA
+/* Ids of deferred statistics lines, unique in the process. */
+static atomic_llong next_deferred_id = 1;
+
+/* torch.cuda.current_stream(device).cuda_stream as a pointer. */
+static int current_cuda_stream(int device, void **stream)
+{
+    PyObject *cuda = PyImport_ImportModule("torch.cuda");
+    if (!cuda)
+        return -1;
+    PyObject *st = PyObject_CallMethod(cuda, "current_stream", "i", device);
+    Py_DECREF(cuda);
+    if (!st)
+        return -1;
+    PyObject *handle = PyObject_GetAttrString(st, "cuda_stream");
+    Py_DECREF(st);
+    if (!handle)
+        return -1;
+    *stream = PyLong_AsVoidPtr(handle);
+    Py_DECREF(handle);
+    return *stream == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The statistics kernel: computed and read back (one copy), or while capturing a graph,
+ * enqueued to print its line on every replay. */
+static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capturing,
+                                  fi_stats *out)
+{
+    void *stream = NULL;
+    if (current_cuda_stream(t->device_index, &stream) < 0)
+        return -1;
+    out->numel = fi_tensor_numel(t);
+    if (capturing) {
+        long long id = atomic_fetch_add(&next_deferred_id, 1);
+        if (fi_stats_cuda_deferred(t, stream, id) != 0) {
+            PyErr_Format(PyExc_RuntimeError, "%s", fi_cuda_last_error());
+            return -1;
+        }
+        out->kind = FI_STATS_DEFERRED;
+        out->deferred_id = id;
+        out->dtype = t->dtype;
+        return 0;
+    }
+    if (out->numel == 0)
+        return 0;
+    double r[5];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_stats_cuda(t, stream, r);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyErr_Format(PyExc_RuntimeError, "%s", fi_cuda_last_error());
+        return -1;
+    }
+    out->kind = FI_STATS_FLOAT;
+    out->nan_count = (int64_t)r[3];
+    out->inf_count = (int64_t)r[4];
+    if (out->nan_count == out->numel) {
+        out->min = out->max = out->mean = NAN;
+        return 0;
+    }
+    out->min = r[0];
+    out->max = r[1];
+    out->mean = r[2] / (double)(out->numel - out->nan_count);
+    int neg = call_truth(tensor, "is_neg");
+    if (neg < 0)
+        return -1;
+    if (neg) {
+        double lo = out->min;
+        out->min = -out->max;
+        out->max = -lo;
+        out->mean = -out->mean;
+    }
+    return 0;
+}
+#endif
+
 int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
 {
     memset(out, 0, sizeof(*out));
@@ -934,6 +1012,10 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
         int capturing = cuda_stream_capturing();
         if (capturing < 0)
             return -1;
+#ifdef FI_WITH_CUDA
+        if (fi_stats_cuda_supports(t.dtype))
+            return stats_with_cuda_kernel(tensor, &t, capturing, out);
+#endif
         if (capturing) {
             out->kind = FI_STATS_SKIPPED_CAPTURE;
             out->numel = fi_tensor_numel(&t);
@@ -987,6 +1069,11 @@ int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
     case FI_STATS_SKIPPED_CAPTURE:
         fi_buf_indent(buf, indent);
         fi_buf_puts(buf, "[statistics skipped: CUDA graph capture in progress]\n");
+        break;
+    case FI_STATS_DEFERRED:
+        fi_buf_indent(buf, indent);
+        fi_buf_printf(buf, "[stats deferred to GPU kernel: id=%lld numel=%lld dtype=%s]\n",
+                      st->deferred_id, (long long)st->numel, fi_dtype_name(st->dtype));
         break;
     case FI_STATS_NONE:
         break;

@@ -14,6 +14,7 @@ typedef enum {
     FI_STATS_FLOAT,            /* every floating dtype, float8 kinds included */
     FI_STATS_INT,              /* integers and bool (bool as 0/1) */
     FI_STATS_SKIPPED_CAPTURE,  /* CUDA tensor while its stream captures a graph */
+    FI_STATS_DEFERRED,         /* captured: a kernel prints them on each replay (id) */
 } fi_stats_kind;
 
 typedef struct {
@@ -25,6 +26,8 @@ typedef struct {
     uint64_t umin, umax;
     int is_unsigned64;
     int64_t numel;
+    long long deferred_id; /* FI_STATS_DEFERRED: the id the device printf line carries */
+    fi_dtype dtype;        /* FI_STATS_DEFERRED: the tensor's dtype */
 } fi_stats;
 
 /* One pass over CPU memory described by t (any strides, 0 and negative included);
@@ -33,8 +36,12 @@ typedef struct {
 int fi_stats_compute(const fi_tensor *t, fi_stats *out);
 
 /* Statistics of a torch.Tensor. CPU: fi_stats_compute, the GIL released for large
- * tensors. CUDA: FI_STATS_SKIPPED_CAPTURE while the current stream is capturing (no
- * synchronisation), otherwise computed with torch ops on the device. Returns -1 with a
+ * tensors. CUDA, built with the CUDA kernels and a float dtype they handle (f32, f16,
+ * bf16, f64, e4m3fn, e5m2): the statistics kernel on the current stream (one
+ * device-to-host copy); while the stream captures a graph, a capture-safe kernel that
+ * prints "[flashinfer stats] id=N ..." on every replay is enqueued instead and the kind
+ * is FI_STATS_DEFERRED with that id. Other CUDA dtypes: FI_STATS_SKIPPED_CAPTURE while
+ * capturing (no synchronisation), otherwise torch ops on the device. Returns -1 with a
  * Python exception set on failure. */
 int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
 

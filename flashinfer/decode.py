@@ -138,10 +138,10 @@ def _check_planned_dtype(name, tensor, planned, planned_name):
         )
 
 
-def _output(name, given, shape, dtype):
-    """The preallocated output when given (checked), else a new tensor."""
+def _output(name, given, shape, dtype, device=None):
+    """The preallocated output when given (checked), else a new tensor on device."""
     if given is None:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
     if not isinstance(given, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(given).__name__}")
     if tuple(given.shape) != tuple(shape) or given.dtype != dtype:
@@ -160,8 +160,32 @@ def _no_extra_args(args):
         )
 
 
-def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, **kwargs):
-    """Runs the C kernel; everything is re-checked in C before any memory is read."""
+def _on_device(name, t, device, cache):
+    """t on device; copies are kept in cache (a plan's dict) so run() copies once."""
+    if t is None or t.device == device:
+        return t
+    if cache is None:
+        return t.to(device)
+    key = (name, str(device))
+    copy = cache.get(key)
+    if copy is None:
+        copy = cache[key] = t.to(device)
+    return copy
+
+
+def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, cache=None, **kwargs):
+    """Runs the C kernel; everything is re-checked in C before any memory is read.
+
+    CUDA q: the index tensors (planned on the CPU) move to q's device, cached in cache,
+    and the kernel runs on the current stream of q's device.
+    """
+    if q.device.type == "cuda":
+        qo_indptr = _on_device("qo_indptr", qo_indptr, q.device, cache)
+        kv_indptr = _on_device("kv_indptr", kv_indptr, q.device, cache)
+        for name in ("kv_indices", "kv_last_page_len", "mask", "mask_indptr"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = _on_device(name, kwargs[name], q.device, cache)
+        kwargs["stream"] = torch.cuda.current_stream(q.device).cuda_stream
     _C.attention(
         q, k, v, out, lse, qo_indptr, kv_indptr, num_threads=torch.get_num_threads(), **kwargs
     )
@@ -259,7 +283,7 @@ def single_decode_with_kv_cache(
     scale *= _scale_value("q_scale", q_scale) * _scale_value("k_scale", k_scale)
     kv_len = k.shape[0] if kw["kv_layout"] == "NHD" else k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((1, q.shape[0]), dtype=torch.float32) if return_lse else None
+    lse = torch.empty((1, q.shape[0]), dtype=torch.float32, device=q.device) if return_lse else None
     _attention(
         q.unsqueeze(0),
         k,
@@ -461,9 +485,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if window_left is not None:
             kw["window_left"] = int(window_left)
         kw["sm_scale"] *= _scale_value("q_scale", q_scale) * _scale_value("k_scale", k_scale)
-        out = _output("out", out, q.shape, q.dtype)
+        out = _output("out", out, q.shape, q.dtype, q.device)
         if return_lse or lse is not None:
-            lse = _output("lse", lse, q.shape[:2], torch.float32)
+            lse = _output("lse", lse, q.shape[:2], torch.float32, q.device)
         _attention(
             q,
             k_cache,
@@ -474,6 +498,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             plan["kv_indptr"],
             kv_indices=plan["kv_indices"],
             kv_last_page_len=plan["kv_last_page_len"],
+            cache=plan.setdefault("device_copies", {}),
             v_scale=_scale_value("v_scale", v_scale),
             **kw,
         )

@@ -184,8 +184,9 @@ def single_prefill_with_kv_cache(
     qo_len = q.shape[0]
     kv_len = k.shape[0] if kw["kv_layout"] == "NHD" else k.shape[1]
     mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], True)
-    out = torch.empty(q.shape, dtype=q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype))
-    lse = torch.empty(q.shape[:2], dtype=torch.float32) if return_lse else None
+    o_dtype = q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype)
+    out = torch.empty(q.shape, dtype=o_dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
     _attention(
         q,
         k,
@@ -253,9 +254,9 @@ def _prefill_run_outputs(plan, q, out, lse, return_lse):
             f"head_dim_qk) = {want}"
         )
     _check_planned_dtype("q", q, plan["q_dtype"], "q_data_type")
-    out = _output("out", out, q.shape, plan["o_dtype"] or q.dtype)
+    out = _output("out", out, q.shape, plan["o_dtype"] or q.dtype, q.device)
     if return_lse or lse is not None:
-        lse = _output("lse", lse, q.shape[:2], torch.float32)
+        lse = _output("lse", lse, q.shape[:2], torch.float32, q.device)
     return out, lse
 
 
@@ -472,6 +473,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             mask=plan["mask"],
             mask_indptr=plan["mask_indptr"],
             causal=plan["causal"],
+            cache=plan.setdefault("device_copies", {}),
             v_scale=_scale_value("v_scale", v_scale),
             **kw,
         )
@@ -667,6 +669,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             mask=plan["mask"],
             mask_indptr=plan["mask_indptr"],
             causal=plan["causal"],
+            cache=plan.setdefault("device_copies", {}),
             v_scale=_scale_value("v_scale", v_scale),
             **kw,
         )

@@ -233,6 +233,13 @@ typedef struct {
     float v_scale;            /* output multiplier (fp8 V scale), 1 for none */
     fi_pos_encoding pos_encoding;
     float rope_scale, rope_theta;
+
+    /* CUDA only (the CPU kernel ignores them); index arrays and mask are then device
+     * pointers, and these bounds come from their host copies, checked by the glue. */
+    int device;             /* CUDA device holding every tensor */
+    int64_t total_qo_rows;  /* rows of q and o */
+    int64_t max_qo_len;     /* longest request's query rows */
+    int64_t max_kv_len;     /* longest request's keys */
 } fi_attention_params;
 
 /* Computes o (and lse) for every query row with fp32 accumulation and an online
@@ -240,6 +247,39 @@ typedef struct {
  * (request, kv head, query tile) on num_threads threads. Arguments must already be
  * checked (the glue does it). Returns 0, or -1 when scratch memory ran out. */
 int fi_attention_cpu(const fi_attention_params *p, int num_threads);
+
+/* The same computation on CUDA, launched on stream (a cudaStream_t; NULL is the legacy
+ * default stream) on p->device. Long KV with few query rows is split over several blocks
+ * whose partial (o, lse) pairs a second kernel merges (scratch from cudaMallocAsync on
+ * the stream). Returns 0, or nonzero with fi_cuda_last_error() saying why. */
+int fi_attention_cuda(const fi_attention_params *p, void *stream);
+
+/* ---- CUDA helpers ----------------------------------------------------------------
+ * Built only with the CUDA kernels (FI_WITH_CUDA). Functions return 0, or nonzero with
+ * the reason in fi_cuda_last_error() (per host thread). */
+
+const char *fi_cuda_last_error(void);
+
+/* *capturing = whether stream (on device) is capturing a CUDA graph. */
+int fi_cuda_stream_capturing(int device, void *stream, int *capturing);
+
+/* Copies bytes from device memory to host memory in stream order and waits for it. */
+int fi_cuda_copy_to_host(void *dst, const void *src, size_t bytes, int device,
+                         void *stream);
+
+/* Statistics of a strided CUDA tensor (dtypes F32, F16, BF16, F64, E4M3FN, E5M2):
+ * out = {min, max, sum, nan_count, inf_count}, min/max over non-NaN values (+inf/-inf
+ * when every value is NaN), sum over non-NaN values in float64. One device-to-host copy
+ * and a wait on stream. */
+int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5]);
+
+/* Whether fi_stats_cuda handles dtype. */
+int fi_stats_cuda_supports(fi_dtype dtype);
+
+/* Capture-safe variant: enqueues a kernel that computes the same statistics and prints
+ * "[flashinfer stats] id=N numel=... min=... max=... mean=... nan=... inf=..." with
+ * device printf each time it runs (each graph replay); no allocation, no host wait. */
+int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,106 @@
+"""Decode attention on CUDA: achieved memory bandwidth and logging overhead per level.
+
+Batch 64 x 4096 KV tokens (paged, page size 16), fp16, 32 query / 8 KV heads of 128 dims.
+Bandwidth is (K + V + q + o bytes) / time against the GPU's peak (table by name, else a
+measured device-to-device copy). Run: python3 benchmarks/bench_gpu_attention.py
+"""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+PEAK_TB_S = {"H100 SXM": 3.35, "H100 80GB HBM3": 3.35, "H200": 4.8}
+BATCH, KV_LEN, HQ, HKV, D, PAGE = 64, 4096, 32, 8, 128, 16
+
+
+def peak_bandwidth():
+    name = torch.cuda.get_device_name()
+    for key, tb in PEAK_TB_S.items():
+        if key in name:
+            return tb * 1e12, f"{name} (table)"
+    n = 1 << 28
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t = time_cuda(lambda: b.copy_(a), 20)
+    return 2 * n / t, f"{name} (measured copy)"
+
+
+def time_cuda(fn, iters):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def setup():
+    import flashinfer
+
+    pages = BATCH * KV_LEN // PAGE
+    kc = torch.randn(pages, PAGE, HKV, D, dtype=torch.float16, device="cuda")
+    vc = torch.randn(pages, PAGE, HKV, D, dtype=torch.float16, device="cuda")
+    indptr = torch.arange(BATCH + 1, dtype=torch.int32) * (KV_LEN // PAGE)
+    indices = torch.arange(pages, dtype=torch.int32)
+    last = torch.full((BATCH,), PAGE, dtype=torch.int32)
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1, device="cuda"))
+    w.plan(indptr, indices, last, HQ, HKV, D, PAGE, q_data_type=torch.float16)
+    q = torch.randn(BATCH, HQ, D, dtype=torch.float16, device="cuda")
+    return lambda: w.run(q, (kc, vc)), 2 * kc.numel() * 2 + 2 * q.numel() * 2
+
+
+def child(level):
+    """One level per process: api_logging reads FLASHINFER_LOGLEVEL at import."""
+    fn, _ = setup()
+    print(time_cuda(fn, 50))
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("bench_gpu_attention: no CUDA device; nothing to measure")
+        return 0
+    from flashinfer import _C
+
+    if not _C.cuda_built:
+        print("bench_gpu_attention: flashinfer was built without CUDA kernels")
+        return 0
+    fn, nbytes = setup()
+    t = time_cuda(fn, 50)
+    peak, source = peak_bandwidth()
+    print(
+        f"decode {BATCH}x{KV_LEN} fp16 Hq={HQ} Hkv={HKV} D={D}: {t * 1e6:.1f} us, "
+        f"{nbytes / t / 1e12:.3f} TB/s = {100 * nbytes / t / peak:.1f}% of peak "
+        f"{peak / 1e12:.2f} TB/s [{source}]"
+    )
+    times = {}
+    for level in (0, 1, 3, 5):
+        env = dict(os.environ, FLASHINFER_LOGLEVEL=str(level), FLASHINFER_LOGDEST=os.devnull)
+        r = subprocess.run(
+            [sys.executable, __file__, "--child", str(level)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        times[level] = float(r.stdout.strip().splitlines()[-1])
+    for level in (0, 1, 3, 5):
+        extra = (times[level] - times[0]) * 1e6
+        print(
+            f"logging level {level}: {times[level] * 1e6:.1f} us per call "
+            f"({extra:+.1f} us vs level 0)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(int(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main())

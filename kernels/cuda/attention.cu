@@ -1,0 +1,402 @@
+/* attention.cu: CUDA attention for decode and prefill over ragged or paged KV, the same
+ * semantics as kernels/cpu/attention.c; fp32 online softmax, split-KV with a merge pass. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "common.cuh"
+#include "flashinfer_kernels.h"
+
+#define NWARPS 4           /* query vectors per block, one per warp */
+#define KT 32              /* keys per shared-memory tile: one per lane when scoring */
+#define MIN_SPLIT_KEYS 256 /* a split gets at least this many keys */
+#define MAX_SPLITS 128
+#define LOG2E 1.4426950408889634f
+#define FULL_MASK 0xffffffffu
+
+/* How the grid covers the work: blockIdx.x = (request, kv head, vector tile),
+ * blockIdx.y = split of the KV range. */
+struct split_plan {
+    int64_t tiles;  /* vector tiles of NWARPS (query row x group head) per request */
+    int64_t chunk;  /* keys per split, a multiple of KT */
+    int splits;
+    float *part_o;  /* splits > 1: [splits][total_qo_rows][num_qo_heads][head_dim] */
+    float *part_lse; /* [splits][total_qo_rows][num_qo_heads] */
+};
+
+/* fi_dtype_size for device code (the header's is host-only). */
+__device__ __forceinline__ int64_t elem_size(fi_dtype dtype)
+{
+    return dtype == FI_DTYPE_F32 ? 4 : dtype == FI_DTYPE_F16 || dtype == FI_DTYPE_BF16 ? 2 : 1;
+}
+
+__device__ __forceinline__ float load_value(const void *base, int64_t i, fi_dtype dtype)
+{
+    switch (dtype) {
+    case FI_DTYPE_F16:
+        return __half2float(((const __half *)base)[i]);
+    case FI_DTYPE_BF16:
+        return __bfloat162float(((const __nv_bfloat16 *)base)[i]);
+    case FI_DTYPE_F32:
+        return ((const float *)base)[i];
+    case FI_DTYPE_E4M3FN:
+        return __half2float(
+            __half(__nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)base)[i], __NV_E4M3)));
+    case FI_DTYPE_E5M2:
+        return __half2float(
+            __half(__nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)base)[i], __NV_E5M2)));
+    default:
+        return 0.0f;
+    }
+}
+
+__device__ __forceinline__ void store_value(void *base, int64_t i, fi_dtype dtype, float x)
+{
+    switch (dtype) {
+    case FI_DTYPE_F16:
+        ((__half *)base)[i] = __float2half_rn(x);
+        break;
+    case FI_DTYPE_BF16:
+        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
+        break;
+    default:
+        ((float *)base)[i] = x;
+        break;
+    }
+}
+
+__device__ __forceinline__ float warp_max(float x)
+{
+    for (int o = 16; o > 0; o /= 2)
+        x = fmaxf(x, __shfl_xor_sync(FULL_MASK, x, o));
+    return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x)
+{
+    for (int o = 16; o > 0; o /= 2)
+        x += __shfl_xor_sync(FULL_MASK, x, o);
+    return x;
+}
+
+__device__ __forceinline__ int64_t kv_len_of(const fi_attention_params &p, int64_t b)
+{
+    int64_t n = (int64_t)p.kv_indptr[b + 1] - p.kv_indptr[b];
+    if (!p.paged)
+        return n;
+    return n == 0 ? 0 : (n - 1) * p.page_size + p.kv_last_page_len[b];
+}
+
+/* The visible key range [lo, hi] of query row `row`, as in the CPU kernel. */
+__device__ __forceinline__ void visible_range(const fi_attention_params &p, int64_t row,
+                                              int64_t qo_len, int64_t kv_len, int64_t *lo,
+                                              int64_t *hi)
+{
+    int64_t pos = row + kv_len - qo_len;
+    *hi = p.causal ? (pos < kv_len - 1 ? pos : kv_len - 1) : kv_len - 1;
+    *lo = p.window_left >= 0 && pos - p.window_left > 0 ? pos - p.window_left : 0;
+}
+
+/* Rotate-half RoPE of the pair (x0 = x[i], x1 = x[i + D/2]) at position pos. */
+__device__ __forceinline__ void rope_pair(float *x0, float *x1, float freq, int64_t pos)
+{
+    float angle = (float)pos * freq;
+    float c = cosf(angle), s = sinf(angle);
+    float a = *x0, b = *x1;
+    *x0 = a * c - b * s;
+    *x1 = b * c + a * s;
+}
+
+/* One block: NWARPS query vectors (row, head of the group) of one request and kv head,
+ * over the keys of one split. Each tile of KT keys is loaded once into shared memory
+ * (K, then V into the same buffer) and used by every warp; lane j scores key j. */
+template <int D>
+__global__ void __launch_bounds__(NWARPS * 32)
+    attention_kernel(const fi_attention_params p, const split_plan sp)
+{
+    __shared__ float tile[KT][D + 1]; /* +1: lane j reading row j hits bank (j + i) % 32 */
+    __shared__ float qs[NWARPS][D];
+    __shared__ float freq[D / 2];
+    __shared__ int64_t koff[KT], voff[KT];
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t x = blockIdx.x;
+    const int64_t t = x % sp.tiles;
+    x /= sp.tiles;
+    const int64_t kvh = x % p.num_kv_heads;
+    const int64_t b = x / p.num_kv_heads;
+    const int split = blockIdx.y;
+    const int64_t g = p.num_qo_heads / p.num_kv_heads;
+    const int64_t qo_start = p.qo_indptr[b];
+    const int64_t qo_len = (int64_t)p.qo_indptr[b + 1] - qo_start;
+    const int64_t kv_len = kv_len_of(p, b);
+    const int64_t nvec = qo_len * g, v0 = t * NWARPS;
+    if (v0 >= nvec)
+        return; /* the whole block: no barrier is skipped by only some threads */
+    const int64_t vec = v0 + warp;
+    const bool active = vec < nvec;
+    const int64_t row = (active ? vec : nvec - 1) / g;
+    const int64_t head = kvh * g + (active ? vec % g : 0);
+    const int64_t n = qo_start + row;
+    const bool rope = p.pos_encoding == FI_POS_ENCODING_ROPE_LLAMA;
+    const int half = D / 2;
+
+    /* FlashInfer: freq_i = (1 / rope_scale) * (1 / rope_theta)^(2i / D). */
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        freq[i] = (1.0f / p.rope_scale) * powf(1.0f / p.rope_theta, (float)(2 * i) / (float)D);
+    __syncthreads();
+
+    const char *qa = (const char *)p.q +
+                     (n * p.q_stride_n + head * p.q_stride_h) * elem_size(p.q_dtype);
+    for (int i = lane; i < half; i += 32) {
+        float x0 = load_value(qa, i, p.q_dtype), x1 = load_value(qa, i + half, p.q_dtype);
+        if (rope)
+            rope_pair(&x0, &x1, freq[i], row + kv_len - qo_len);
+        qs[warp][i] = x0 * p.sm_scale;
+        qs[warp][i + half] = x1 * p.sm_scale;
+    }
+
+    /* Keys any vector of the block may see, within this split. */
+    const int64_t vlast = (v0 + NWARPS < nvec ? v0 + NWARPS : nvec) - 1;
+    int64_t lo_first, hi_first, lo_last, hi_last, lo, hi;
+    visible_range(p, v0 / g, qo_len, kv_len, &lo_first, &hi_first);
+    visible_range(p, vlast / g, qo_len, kv_len, &lo_last, &hi_last);
+    visible_range(p, row, qo_len, kv_len, &lo, &hi);
+    int64_t begin = (int64_t)split * sp.chunk, end = begin + sp.chunk;
+    if (begin < lo_first)
+        begin = lo_first;
+    if (end > hi_last + 1)
+        end = hi_last + 1;
+
+    const uint8_t *mask = p.mask ? p.mask + p.mask_indptr[b] : nullptr;
+    const int64_t kv_size = elem_size(p.kv_dtype);
+    const float cap = p.logits_soft_cap;
+    float m = -INFINITY, l = 0.0f;
+    float acc[D / 32];
+#pragma unroll
+    for (int c = 0; c < D / 32; c++)
+        acc[c] = 0.0f;
+
+    for (int64_t j0 = begin; j0 < end; j0 += KT) {
+        const int nb = end - j0 < KT ? (int)(end - j0) : KT;
+        if (threadIdx.x < nb) {
+            int64_t j = j0 + threadIdx.x, page = 0, slot;
+            if (p.paged) {
+                page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
+                slot = j % p.page_size;
+            } else {
+                slot = (int64_t)p.kv_indptr[b] + j;
+            }
+            koff[threadIdx.x] = page * p.k_stride_page + slot * p.k_stride_n + kvh * p.k_stride_h;
+            voff[threadIdx.x] = page * p.v_stride_page + slot * p.v_stride_n + kvh * p.v_stride_h;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nb * half; e += blockDim.x) {
+            int j = e / half, i = e % half;
+            const char *ka = (const char *)p.k + koff[j] * kv_size;
+            float x0 = load_value(ka, i, p.kv_dtype), x1 = load_value(ka, i + half, p.kv_dtype);
+            if (rope)
+                rope_pair(&x0, &x1, freq[i], j0 + j);
+            tile[j][i] = x0;
+            tile[j][i + half] = x1;
+        }
+        __syncthreads();
+
+        float s = -INFINITY;
+        if (active && lane < nb) {
+            int64_t key = j0 + lane;
+            bool visible = key >= lo && key <= hi;
+            if (visible && mask) {
+                int64_t bit = row * kv_len + key;
+                visible = (mask[bit >> 3] >> (bit & 7)) & 1;
+            }
+            if (visible) {
+                float dot = 0.0f;
+#pragma unroll 8
+                for (int i = 0; i < D; i++)
+                    dot += qs[warp][i] * tile[lane][i];
+                s = cap > 0.0f ? cap * tanhf(dot / cap) : dot;
+            }
+        }
+        /* Uniform across the warp: tile_max is the same in every lane. */
+        const float tile_max = warp_max(s);
+        float pj = 0.0f, corr = 1.0f;
+        if (tile_max != -INFINITY) {
+            float m_new = fmaxf(m, tile_max);
+            corr = expf(m - m_new); /* 0 while m is still -inf: acc and l are 0 then */
+            pj = s == -INFINITY ? 0.0f : expf(s - m_new);
+            l = l * corr + warp_sum(pj);
+            m = m_new;
+        }
+        __syncthreads(); /* every warp is done with K before V overwrites it */
+        for (int e = threadIdx.x; e < nb * D; e += blockDim.x) {
+            int j = e / D, i = e % D;
+            const char *va = (const char *)p.v + voff[j] * kv_size;
+            tile[j][i] = load_value(va, i, p.kv_dtype);
+        }
+        __syncthreads();
+        if (tile_max != -INFINITY) {
+#pragma unroll
+            for (int c = 0; c < D / 32; c++)
+                acc[c] *= corr;
+            for (int j = 0; j < nb; j++) {
+                float w = __shfl_sync(FULL_MASK, pj, j);
+#pragma unroll
+                for (int c = 0; c < D / 32; c++)
+                    acc[c] += w * tile[j][lane + 32 * c];
+            }
+        }
+        __syncthreads(); /* V and the offsets are read before the next tile replaces them */
+    }
+
+    if (!active)
+        return;
+    float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+    if (sp.splits == 1) {
+        float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+        char *oa = (char *)p.o +
+                   (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+#pragma unroll
+        for (int c = 0; c < D / 32; c++)
+            store_value(oa, lane + 32 * c, p.o_dtype, acc[c] * inv);
+        if (p.lse && lane == 0)
+            p.lse[n * p.lse_stride_n + head * p.lse_stride_h] = lse;
+        return;
+    }
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    int64_t slot = ((int64_t)split * p.total_qo_rows + n) * p.num_qo_heads + head;
+    float *po = sp.part_o + slot * D;
+#pragma unroll
+    for (int c = 0; c < D / 32; c++)
+        po[lane + 32 * c] = acc[c] * inv;
+    if (lane == 0)
+        sp.part_lse[slot] = lse;
+}
+
+/* One warp per (row, head): the splits' normalised partial outputs weighted by
+ * 2^(lse_s - max lse); rows outside every request are left untouched. */
+__global__ void __launch_bounds__(NWARPS * 32)
+    merge_kernel(const fi_attention_params p, const split_plan sp)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t idx = (int64_t)blockIdx.x * NWARPS + warp;
+    if (idx >= p.total_qo_rows * p.num_qo_heads)
+        return;
+    int64_t n = idx / p.num_qo_heads, head = idx % p.num_qo_heads;
+    if (n < p.qo_indptr[0] || n >= p.qo_indptr[p.num_requests])
+        return;
+    const int64_t stride = p.total_qo_rows * p.num_qo_heads;
+    float mx = -INFINITY;
+    for (int s = 0; s < sp.splits; s++)
+        mx = fmaxf(mx, sp.part_lse[s * stride + idx]);
+    float wsum = 0.0f;
+    if (mx != -INFINITY)
+        for (int s = 0; s < sp.splits; s++)
+            wsum += exp2f(sp.part_lse[s * stride + idx] - mx);
+    float scale = wsum > 0.0f ? p.v_scale / wsum : 0.0f;
+    char *oa = (char *)p.o +
+               (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+    for (int64_t i = lane; i < p.head_dim; i += 32) {
+        float a = 0.0f;
+        if (mx != -INFINITY)
+            for (int s = 0; s < sp.splits; s++) {
+                float w = exp2f(sp.part_lse[s * stride + idx] - mx);
+                a += w * sp.part_o[(s * stride + idx) * p.head_dim + i];
+            }
+        store_value(oa, i, p.o_dtype, a * scale);
+    }
+    if (p.lse && lane == 0)
+        p.lse[n * p.lse_stride_n + head * p.lse_stride_h] =
+            mx == -INFINITY ? -INFINITY : mx + log2f(wsum);
+}
+
+static cudaError_t launch_main(const fi_attention_params *p, const split_plan &sp,
+                               unsigned blocks, cudaStream_t st)
+{
+    dim3 grid(blocks, (unsigned)sp.splits);
+    switch (p->head_dim) {
+    case 64:
+        attention_kernel<64><<<grid, NWARPS * 32, 0, st>>>(*p, sp);
+        break;
+    case 128:
+        attention_kernel<128><<<grid, NWARPS * 32, 0, st>>>(*p, sp);
+        break;
+    case 256:
+        attention_kernel<256><<<grid, NWARPS * 32, 0, st>>>(*p, sp);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
+{
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return fi_cuda_fail("attention (cuda): head_dim must be 64, 128 or 256", cudaSuccess);
+    if (p->num_requests <= 0 || p->max_qo_len <= 0 || p->num_kv_heads <= 0)
+        return 0;
+    fi_device_guard guard(p->device);
+    if (guard.err != cudaSuccess)
+        return fi_cuda_fail("attention (cuda): cudaSetDevice", guard.err);
+    cudaStream_t st = (cudaStream_t)stream;
+    int sms = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p->device);
+    if (err != cudaSuccess)
+        return fi_cuda_fail("attention (cuda): cudaDeviceGetAttribute", err);
+
+    int64_t g = p->num_qo_heads / p->num_kv_heads;
+    split_plan sp = {};
+    sp.tiles = (p->max_qo_len * g + NWARPS - 1) / NWARPS;
+    int64_t blocks = sp.tiles * p->num_kv_heads * p->num_requests;
+    if (blocks > INT32_MAX)
+        return fi_cuda_fail("attention (cuda): the batch needs more than 2^31 blocks",
+                            cudaSuccess);
+    /* Few blocks and long KV (decode with a small batch): split the keys so that about
+     * two blocks per multiprocessor exist, each split keeping MIN_SPLIT_KEYS keys. */
+    int64_t splits = 1;
+    if (blocks < 2 * (int64_t)sms && p->max_kv_len > MIN_SPLIT_KEYS) {
+        splits = (2 * (int64_t)sms + blocks - 1) / blocks;
+        int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
+        if (splits > by_len)
+            splits = by_len;
+        if (splits > MAX_SPLITS)
+            splits = MAX_SPLITS;
+    }
+    int64_t kv = p->max_kv_len > 0 ? p->max_kv_len : 1;
+    sp.chunk = ((kv + splits - 1) / splits + KT - 1) / KT * KT;
+    sp.splits = (int)((kv + sp.chunk - 1) / sp.chunk);
+    if (sp.splits < 1)
+        sp.splits = 1;
+
+    if (sp.splits == 1) {
+        err = launch_main(p, sp, (unsigned)blocks, st);
+        return err == cudaSuccess ? 0 : fi_cuda_fail("attention (cuda): kernel launch", err);
+    }
+    if ((p->total_qo_rows * p->num_qo_heads + NWARPS - 1) / NWARPS > INT32_MAX)
+        return fi_cuda_fail("attention (cuda): too many query rows to merge", cudaSuccess);
+    size_t vecs = (size_t)p->total_qo_rows * (size_t)p->num_qo_heads * (size_t)sp.splits;
+    size_t bytes = vecs * ((size_t)p->head_dim + 1) * sizeof(float);
+    void *scratch = nullptr;
+    err = cudaMallocAsync(&scratch, bytes, st);
+    if (err != cudaSuccess)
+        return fi_cuda_fail("attention (cuda): cudaMallocAsync of the split-KV scratch", err);
+    sp.part_o = (float *)scratch;
+    sp.part_lse = sp.part_o + vecs * (size_t)p->head_dim;
+    err = launch_main(p, sp, (unsigned)blocks, st);
+    if (err == cudaSuccess) {
+        int64_t pairs = p->total_qo_rows * p->num_qo_heads;
+        unsigned merge_blocks = (unsigned)((pairs + NWARPS - 1) / NWARPS);
+        merge_kernel<<<merge_blocks, NWARPS * 32, 0, st>>>(*p, sp);
+        err = cudaGetLastError();
+    }
+    cudaError_t free_err = cudaFreeAsync(scratch, st);
+    if (err != cudaSuccess)
+        return fi_cuda_fail("attention (cuda): kernel launch", err);
+    if (free_err != cudaSuccess)
+        return fi_cuda_fail("attention (cuda): cudaFreeAsync", free_err);
+    return 0;
+}

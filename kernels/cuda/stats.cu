@@ -1,0 +1,256 @@
+/* stats.cu: one-pass tensor statistics on CUDA (min, max, sum, NaN and Inf counts) over
+ * strided float tensors; a graph-capture-safe variant prints them with device printf. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common.cuh"
+#include "flashinfer_kernels.h"
+
+#define THREADS 256
+#define MAX_BLOCKS 1024
+#define PRINT_THREADS 1024
+
+/* Shape and strides with size-1 dimensions dropped, passed by value to the kernels. */
+struct layout {
+    int ndim;
+    int64_t shape[FI_MAX_DIMS];
+    int64_t stride[FI_MAX_DIMS];
+};
+
+struct partial {
+    double min, max, sum; /* over non-NaN values */
+    unsigned long long nan, inf;
+};
+
+__device__ __forceinline__ double load_value(const void *data, int64_t off, fi_dtype dtype)
+{
+    switch (dtype) {
+    case FI_DTYPE_F64:
+        return ((const double *)data)[off];
+    case FI_DTYPE_F32:
+        return ((const float *)data)[off];
+    case FI_DTYPE_F16:
+        return __half2float(((const __half *)data)[off]);
+    case FI_DTYPE_BF16:
+        return __bfloat162float(((const __nv_bfloat16 *)data)[off]);
+    case FI_DTYPE_E4M3FN:
+        return __half2float(__half(
+            __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E4M3)));
+    case FI_DTYPE_E5M2:
+        return __half2float(__half(
+            __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E5M2)));
+    default:
+        return 0.0;
+    }
+}
+
+/* Element offset (in elements) of the i-th element in row-major order. */
+__device__ __forceinline__ int64_t offset_of(const layout &L, int64_t i)
+{
+    int64_t off = 0;
+    for (int d = L.ndim - 1; d >= 0; d--) {
+        off += (i % L.shape[d]) * L.stride[d];
+        i /= L.shape[d];
+    }
+    return off;
+}
+
+__device__ __forceinline__ void partial_init(partial *p)
+{
+    p->min = INFINITY;
+    p->max = -INFINITY;
+    p->sum = 0.0;
+    p->nan = 0;
+    p->inf = 0;
+}
+
+__device__ __forceinline__ void partial_add(partial *p, const partial &q)
+{
+    p->min = fmin(p->min, q.min);
+    p->max = fmax(p->max, q.max);
+    p->sum += q.sum;
+    p->nan += q.nan;
+    p->inf += q.inf;
+}
+
+/* This thread's share of elements first .. numel - 1 stepping by step. */
+__device__ void accumulate(partial *p, const void *data, fi_dtype dtype, const layout &L,
+                           int64_t first, int64_t step, int64_t numel)
+{
+    for (int64_t i = first; i < numel; i += step) {
+        double x = load_value(data, offset_of(L, i), dtype);
+        if (isnan(x)) {
+            p->nan++;
+            continue;
+        }
+        if (isinf(x))
+            p->inf++;
+        p->min = fmin(p->min, x);
+        p->max = fmax(p->max, x);
+        p->sum += x;
+    }
+}
+
+/* Tree reduction of one partial per thread in shared memory; thread 0 gets the total. */
+__device__ void block_reduce(partial *mine, partial *shared)
+{
+    shared[threadIdx.x] = *mine;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s)
+            partial_add(&shared[threadIdx.x], shared[threadIdx.x + s]);
+        __syncthreads();
+    }
+    *mine = shared[0];
+}
+
+__global__ void __launch_bounds__(THREADS)
+    stats_partial_kernel(const void *data, fi_dtype dtype, const layout L, int64_t numel,
+                         partial *out)
+{
+    __shared__ partial shared[THREADS];
+    partial mine;
+    partial_init(&mine);
+    accumulate(&mine, data, dtype, L, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+               (int64_t)gridDim.x * blockDim.x, numel);
+    block_reduce(&mine, shared);
+    if (threadIdx.x == 0)
+        out[blockIdx.x] = mine;
+}
+
+__global__ void __launch_bounds__(THREADS)
+    stats_final_kernel(const partial *parts, int nparts, partial *out)
+{
+    __shared__ partial shared[THREADS];
+    partial mine;
+    partial_init(&mine);
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x)
+        partial_add(&mine, parts[i]);
+    block_reduce(&mine, shared);
+    if (threadIdx.x == 0)
+        *out = mine;
+}
+
+/* The capture-safe form: one block, nothing allocated, the result printed. */
+__global__ void __launch_bounds__(PRINT_THREADS)
+    stats_print_kernel(const void *data, fi_dtype dtype, const layout L, int64_t numel,
+                       long long id)
+{
+    __shared__ partial shared[PRINT_THREADS];
+    partial mine;
+    partial_init(&mine);
+    accumulate(&mine, data, dtype, L, threadIdx.x, blockDim.x, numel);
+    block_reduce(&mine, shared);
+    if (threadIdx.x != 0)
+        return;
+    long long finite = numel - (long long)mine.nan;
+    double nan = __longlong_as_double(0x7ff8000000000000LL);
+    double mn = finite > 0 ? mine.min : nan, mx = finite > 0 ? mine.max : nan;
+    double mean = finite > 0 ? mine.sum / (double)finite : nan;
+    printf("[flashinfer stats] id=%lld numel=%lld min=%.6f max=%.6f mean=%.6f nan=%llu "
+           "inf=%llu\n",
+           id, (long long)numel, mn, mx, mean, mine.nan, mine.inf);
+}
+
+extern "C" int fi_stats_cuda_supports(fi_dtype dtype)
+{
+    return dtype == FI_DTYPE_F32 || dtype == FI_DTYPE_F16 || dtype == FI_DTYPE_BF16 ||
+           dtype == FI_DTYPE_F64 || dtype == FI_DTYPE_E4M3FN || dtype == FI_DTYPE_E5M2;
+}
+
+/* Drops size-1 dimensions; 0 with numel set, or nonzero for a bad tensor. */
+static int make_layout(const fi_tensor *t, layout *L, int64_t *numel)
+{
+    if (!fi_stats_cuda_supports(t->dtype))
+        return fi_cuda_fail("tensor statistics (cuda): unsupported dtype", cudaSuccess);
+    if (t->ndim < 0 || t->ndim > FI_MAX_DIMS)
+        return fi_cuda_fail("tensor statistics (cuda): bad number of dimensions", cudaSuccess);
+    L->ndim = 0;
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0)
+            return fi_cuda_fail("tensor statistics (cuda): negative size", cudaSuccess);
+        if (t->shape[d] == 0) {
+            *numel = 0;
+            return 0;
+        }
+        if (n > INT64_MAX / t->shape[d])
+            return fi_cuda_fail("tensor statistics (cuda): size overflows int64", cudaSuccess);
+        n *= t->shape[d];
+        if (t->shape[d] == 1)
+            continue;
+        L->shape[L->ndim] = t->shape[d];
+        L->stride[L->ndim] = t->stride[d];
+        L->ndim++;
+    }
+    *numel = n;
+    return 0;
+}
+
+extern "C" int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5])
+{
+    layout L;
+    int64_t numel = 0;
+    int rc = make_layout(t, &L, &numel);
+    if (rc != 0)
+        return rc;
+    out[0] = INFINITY;
+    out[1] = -INFINITY;
+    out[2] = out[3] = out[4] = 0.0;
+    if (numel == 0)
+        return 0;
+    fi_device_guard guard(t->device_index);
+    if (guard.err != cudaSuccess)
+        return fi_cuda_fail("tensor statistics (cuda): cudaSetDevice", guard.err);
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t want = (numel + THREADS - 1) / THREADS;
+    int blocks = want < MAX_BLOCKS ? (int)want : MAX_BLOCKS;
+    partial *scratch = nullptr;
+    cudaError_t err = cudaMallocAsync((void **)&scratch, (size_t)(blocks + 1) * sizeof(partial), st);
+    if (err != cudaSuccess)
+        return fi_cuda_fail("tensor statistics (cuda): cudaMallocAsync", err);
+    stats_partial_kernel<<<blocks, THREADS, 0, st>>>(t->data, t->dtype, L, numel, scratch);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) {
+        stats_final_kernel<<<1, THREADS, 0, st>>>(scratch, blocks, scratch + blocks);
+        err = cudaGetLastError();
+    }
+    partial result;
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(&result, scratch + blocks, sizeof(result), cudaMemcpyDeviceToHost,
+                              st);
+    cudaError_t free_err = cudaFreeAsync(scratch, st);
+    if (err == cudaSuccess)
+        err = free_err;
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(st);
+    if (err != cudaSuccess)
+        return fi_cuda_fail("tensor statistics (cuda)", err);
+    out[0] = result.min;
+    out[1] = result.max;
+    out[2] = result.sum;
+    out[3] = (double)result.nan;
+    out[4] = (double)result.inf;
+    return 0;
+}
+
+extern "C" int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id)
+{
+    layout L;
+    int64_t numel = 0;
+    int rc = make_layout(t, &L, &numel);
+    if (rc != 0)
+        return rc;
+    fi_device_guard guard(t->device_index);
+    if (guard.err != cudaSuccess)
+        return fi_cuda_fail("tensor statistics (cuda): cudaSetDevice", guard.err);
+    stats_print_kernel<<<1, PRINT_THREADS, 0, (cudaStream_t)stream>>>(t->data, t->dtype, L,
+                                                                      numel, id);
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : fi_cuda_fail("tensor statistics (cuda): kernel launch", err);
+}

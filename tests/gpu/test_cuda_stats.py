@@ -1,0 +1,155 @@
+"""The CUDA statistics kernel against torch, and level 5 with CUDA tensors and graphs."""
+
+import re
+
+import pytest
+import torch
+from logging_utils import reload_api_logging, restore_level_0
+
+from flashinfer import _C
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def expected(t):
+    x = t.double()
+    nan = torch.isnan(x)
+    finite = x[~nan]
+    if finite.numel() == 0:
+        return None
+    return dict(
+        min=finite.min().item(),
+        max=finite.max().item(),
+        mean=finite.sum().item() / finite.numel(),
+        nan_count=int(nan.sum()),
+        inf_count=int(torch.isinf(x).sum()),
+    )
+
+
+def check(t):
+    got = _C.tensor_stats(t)
+    want = expected(t.cpu())
+    assert got["nan_count"] == want["nan_count"]
+    assert got["inf_count"] == want["inf_count"]
+    assert got["min"] == want["min"]
+    assert got["max"] == want["max"]
+    if want["inf_count"] == 0:
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-9, abs=1e-12)
+    # the CPU kernel gives the same numbers
+    cpu = _C.tensor_stats(t.cpu())
+    assert (cpu["min"], cpu["max"], cpu["nan_count"]) == (got["min"], got["max"], got["nan_count"])
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_stats_kernel_matches_torch(dtype):
+    torch.manual_seed(0)
+    check((torch.randn(1000, 37, device="cuda") * 5).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_stats_kernel_counts_nan_and_inf(dtype):
+    t = torch.randn(513, device="cuda").to(dtype)
+    t[3] = float("nan")
+    t[100] = float("inf")
+    t[200] = float("-inf")
+    t[511] = float("nan")
+    got = _C.tensor_stats(t)
+    assert (got["nan_count"], got["inf_count"]) == (2, 2)
+    assert got["min"] == float("-inf") and got["max"] == float("inf")
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_stats_kernel_fp8_every_code(dtype):
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda").view(dtype)
+    check(codes)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_stats_kernel_strided_views(dtype):
+    base = (torch.randn(64, 48, device="cuda") * 3).to(dtype)
+    check(base[::3, 5:40:2])
+    check(base.t())
+    check(base[:, 7])
+    check(base.unsqueeze(1).expand(64, 4, 48))
+
+
+def test_stats_kernel_all_nan_gives_nan():
+    got = _C.tensor_stats(torch.full((10,), float("nan"), device="cuda"))
+    assert got["nan_count"] == 10
+    assert all(got[k] != got[k] for k in ("min", "max", "mean"))
+
+
+def test_stats_kernel_large_tensor_uses_many_blocks():
+    t = torch.arange(3_000_001, device="cuda", dtype=torch.float64)
+    got = _C.tensor_stats(t)
+    assert (got["min"], got["max"], got["mean"]) == (0.0, 3_000_000.0, 1_500_000.0)
+
+
+def test_format_lines_for_cuda_tensor():
+    t = torch.tensor([1.0, 2.0, float("nan"), float("inf")], device="cuda")
+    assert _C.format_tensor_stats(t, 0) == (
+        "min=1.000000\nmax=inf\nmean=inf\nnan_count=1\ninf_count=1\n"
+    )
+
+
+@pytest.fixture
+def logmod(monkeypatch):
+    yield lambda **env: reload_api_logging(monkeypatch, **env)
+    restore_level_0()
+
+
+def test_level_5_with_cuda_tensor_prints_statistics(logmod, tmp_path):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log))
+    f = m.flashinfer_api(lambda x: x + 1)
+    f(torch.tensor([1.0, 3.0], device="cuda"))
+    text = log.read_text()
+    assert "min=1.000000" in text and "max=3.000000" in text and "mean=2.000000" in text
+
+
+def test_level_3_with_cuda_tensor_logs_device(logmod, tmp_path):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log))
+    f = m.flashinfer_api(lambda x: x + 1)
+    f(torch.ones(2, 3, device="cuda", dtype=torch.float16))
+    text = log.read_text()
+    assert "device=cuda:0" in text and "shape=(2, 3)" in text and "min=" not in text
+
+
+def test_level_5_during_graph_capture_defers_to_device_printf(logmod, tmp_path, capfd):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log))
+    f = m.flashinfer_api(lambda x: x * 2)
+    x = torch.tensor([1.0, -2.0, 4.0, float("nan")], device="cuda")
+    f(x)  # warm-up outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f(x)
+    text = log.read_text()
+    found = re.findall(r"\[stats deferred to GPU kernel: id=(\d+) numel=4 dtype=float32\]", text)
+    assert found, text
+    capfd.readouterr()
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    out = capfd.readouterr().out
+    line = (
+        f"[flashinfer stats] id={found[-1]} numel=4 min=-2.000000 max=4.000000 "
+        "mean=1.000000 nan=1 inf=0"
+    )
+    assert out.count(line) == 2, out
+
+
+def test_graph_capture_of_int_tensor_keeps_skip_line(logmod, tmp_path):
+    log = tmp_path / "log.txt"
+    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log))
+    f = m.flashinfer_api(lambda x: x + 1)
+    x = torch.arange(4, device="cuda")
+    f(x)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        f(x)
+    assert "[statistics skipped: CUDA graph capture in progress]" in log.read_text()

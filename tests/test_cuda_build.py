@@ -1,0 +1,67 @@
+"""The build's CUDA attributes, and a build without nvcc (FLASHINFER_NO_CUDA=1)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashinfer import _C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cuda_attributes_have_their_types():
+    assert isinstance(_C.cuda_built, bool)
+    assert isinstance(_C.cuda_archs, str)
+    assert (_C.cuda_archs != "") == _C.cuda_built
+
+
+def test_cpu_attention_still_refuses_meta_tensors():
+    q = torch.zeros(1, 1, 64)
+    i32 = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match="k is on another device"):
+        _C.attention(q, q.to("meta"), q, q.clone(), None, i32, i32)
+
+
+def test_build_without_cuda_imports_and_runs_attention(tmp_path):
+    """Copies the sources, builds with FLASHINFER_NO_CUDA=1 and runs CPU attention."""
+    src = tmp_path / "src"
+    for part in ("csrc", "kernels", "flashinfer"):
+        shutil.copytree(
+            os.path.join(ROOT, part),
+            src / part,
+            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+        )
+    for name in ("setup.py", "pyproject.toml"):
+        if os.path.exists(os.path.join(ROOT, name)):
+            shutil.copy(os.path.join(ROOT, name), src / name)
+    env = dict(os.environ, FLASHINFER_NO_CUDA="1", CCACHE_DISABLE="1")
+    build = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "--build-temp", "bt"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    assert "CUDA kernels not built" in build.stdout
+    code = (
+        "import torch; from flashinfer import _C\n"
+        "assert _C.cuda_built is False and _C.cuda_archs == ''\n"
+        "q = torch.ones(1, 1, 64); i = torch.tensor([0, 1], dtype=torch.int32)\n"
+        "out = torch.empty_like(q); _C.attention(q, q, q, out, None, i, i)\n"
+        "assert torch.equal(out, q)\n"
+        "try:\n"
+        "    _C.attention(q.to('meta'), q, q, out, None, i, i)\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "q is on another device" in run.stdout
