@@ -101,8 +101,12 @@ static PyObject *dtype_text(PyObject *tensor, const fi_tensor *t)
     return s;
 }
 
-static PyObject *device_text(PyObject *tensor)
+static PyObject *device_text(PyObject *tensor, const fi_tensor *t)
 {
+    if (t->device_type == FI_DEVICE_CPU)
+        return PyUnicode_FromString("cpu");
+    if (t->device_type == FI_DEVICE_CUDA)
+        return PyUnicode_FromFormat("cuda:%d", t->device_index);
     PyObject *d = PyObject_GetAttr(tensor, fi_names.device);
     PyObject *s = d ? PyObject_Str(d) : NULL;
     Py_XDECREF(d);
@@ -111,11 +115,9 @@ static PyObject *device_text(PyObject *tensor)
 
 /* {shape, dtype, stride, device} for tensor_details; with full, also requires_grad,
  * is_contiguous and the "torch.Tensor" type tag used for nested tensors. */
-static PyObject *tensor_meta(PyObject *tensor, int full, PyObject *key)
+static PyObject *tensor_meta_of(PyObject *tensor, const fi_tensor *tp, int full, PyObject *key)
 {
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
-        return NULL;
+    const fi_tensor t = *tp;
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
@@ -123,7 +125,7 @@ static PyObject *tensor_meta(PyObject *tensor, int full, PyObject *key)
         dict_set(d, "shape", int_list(t.shape, t.ndim)) < 0 ||
         dict_set(d, "dtype", dtype_text(tensor, &t)) < 0 ||
         dict_set(d, "stride", int_list(t.stride, t.ndim)) < 0 ||
-        dict_set(d, "device", device_text(tensor)) < 0)
+        dict_set(d, "device", device_text(tensor, &t)) < 0)
         goto fail;
     if (full) {
         PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
@@ -140,26 +142,36 @@ fail:
     return NULL;
 }
 
+static PyObject *tensor_meta(PyObject *tensor, int full, PyObject *key)
+{
+    fi_tensor t;
+    if (fi_tensor_from_py(tensor, &t) < 0)
+        return NULL;
+    return tensor_meta_of(tensor, &t, full, key);
+}
+
 typedef struct {
     PyObject *tensors; /* key -> tensor, for the tensor file */
     PyObject *details; /* key -> tensor_details entry */
     PyObject *keys;    /* list of tensor keys in order */
     long long bytes;   /* nbytes of the tensors collected */
+    int any_cuda;      /* a CUDA tensor is among them */
 } tensor_sink;
 
 static int collect_tensor(tensor_sink *ts, PyObject *key, PyObject *tensor)
 {
-    PyObject *details = tensor_meta(tensor, 0, key);
+    fi_tensor t;
+    if (fi_tensor_from_py(tensor, &t) < 0)
+        return -1;
+    PyObject *details = tensor_meta_of(tensor, &t, 0, key);
     if (!details)
         return -1;
     int r = PyDict_SetItem(ts->details, key, details);
     Py_DECREF(details);
     if (r < 0 || PyDict_SetItem(ts->tensors, key, tensor) < 0 || PyList_Append(ts->keys, key) < 0)
         return -1;
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
-        return -1;
     ts->bytes += (long long)(fi_tensor_numel(&t) * (int64_t)fi_dtype_size(t.dtype));
+    ts->any_cuda |= t.device_type == FI_DEVICE_CUDA;
     return 0;
 }
 
@@ -300,6 +312,7 @@ static int sink_init(tensor_sink *ts)
     ts->details = PyDict_New();
     ts->keys = PyList_New(0);
     ts->bytes = 0;
+    ts->any_cuda = 0;
     return (ts->tensors && ts->details && ts->keys) ? 0 : -1;
 }
 
@@ -498,25 +511,10 @@ static void timestamp_now(char *out, size_t n)
 
 static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0)); }
 
-static int any_cuda(PyObject *tensors)
-{
-    PyObject *k, *v;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(tensors, &pos, &k, &v)) {
-        PyObject *c = PyObject_GetAttr(v, fi_names.is_cuda);
-        int yes = c == Py_True;
-        Py_XDECREF(c);
-        PyErr_Clear();
-        if (yes)
-            return 1;
-    }
-    return 0;
-}
-
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
-static int graph_capturing(PyObject *tensors)
+static int graph_capturing(const tensor_sink *ts)
 {
-    if (!any_cuda(tensors))
+    if (!ts->any_cuda)
         return 0;
     PyObject *cuda = PyImport_ImportModule("torch.cuda");
     PyObject *r = cuda ? PyObject_CallMethod(cuda, "is_current_stream_capturing", NULL) : NULL;
@@ -632,7 +630,7 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         goto error;
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
      * tensors and write them after each replay (fi_dump_flush_graph) */
-    int capturing = lg->force_graph_capture || graph_capturing(ts.tensors);
+    int capturing = lg->force_graph_capture || graph_capturing(&ts);
     Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
     if (written < 0) {
         rmdir(call->dir);
