@@ -48,15 +48,18 @@ def _stream(x):
 
 @functools.lru_cache(maxsize=1)
 def _cublas_lib_dir():
-    """The lib directory of the ``nvidia.cublas`` wheel torch ships with, or None."""
+    """The directory of the pip wheel's libcublasLt that torch ships with (``nvidia/cublas/lib``
+    for CUDA 12, ``nvidia/cu13/lib`` for CUDA 13), or None. Only a hint: the C side first
+    uses a cuBLASLt the process has already loaded."""
     try:
-        import nvidia.cublas
+        import nvidia
     except ImportError:
         return None
-    for base in getattr(nvidia.cublas, "__path__", []):
-        lib = os.path.join(base, "lib")
-        if os.path.isdir(lib):
-            return lib
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cublas", "cu13"):
+            lib = os.path.join(base, sub, "lib")
+            if os.path.isdir(lib) and any(f.startswith("libcublasLt.so") for f in os.listdir(lib)):
+                return lib
     return None
 
 
