@@ -245,6 +245,7 @@ static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, tensor_arg *ws
     return PyErr_Format(PyExc_ValueError, "bmm_fp8: this build has no CUDA support");
 #endif
 }
+
 static const fi_dtype half_kinds[] = {FI_DTYPE_BF16, FI_DTYPE_F16};
 
 PyDoc_STRVAR(bmm_fp8_doc,
