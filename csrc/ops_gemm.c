@@ -165,15 +165,15 @@ static int check_threads(int num_threads)
     return -1;
 }
 
-/* rc of a kernel: 0, -1 (scratch memory ran out) or, from the CUDA kernels, a cudaError_t. */
+/* rc of a kernel: 0, -1 (scratch memory ran out) or, from the CUDA kernels, > 0 with the
+ * reason in fi_cuda_last_error(). */
 static PyObject *kernel_result(int rc, const char *op)
 {
     if (rc < 0)
         return PyErr_Format(PyExc_MemoryError, "%s: could not allocate kernel scratch memory", op);
 #ifdef FI_WITH_CUDA
     if (rc > 0)
-        return PyErr_Format(PyExc_RuntimeError, "%s: CUDA error %d: %s", op, rc,
-                            fi_cuda_gemm_error_string(rc));
+        return PyErr_Format(PyExc_RuntimeError, "%s: %s", op, fi_cuda_last_error());
 #endif
     Py_RETURN_NONE;
 }

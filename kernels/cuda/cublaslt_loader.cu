@@ -267,7 +267,7 @@ extern "C" int fi_gemm_fp8_cublaslt(const fi_gemm_fp8_params *p, const char *lib
     const fi_tensor *A = &p->a, *B = &p->b;
     int64_t batch = A->shape[0], m = A->shape[1], k = A->shape[2], n = B->shape[2];
 
-    fi_wmma::DeviceGuard guard(A->device_index);
+    fi_device_guard guard(A->device_index);
     if (guard.err != cudaSuccess) {
         *why = "cudaSetDevice failed";
         return -1;

@@ -194,15 +194,15 @@ __global__ void __launch_bounds__(fi_wmma::THREADS)
 extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
 {
     int64_t m = p->x.shape[0], k = p->x.shape[1];
-    fi_wmma::DeviceGuard guard(p->x.device_index);
+    fi_device_guard guard(p->x.device_index);
     if (guard.err != cudaSuccess)
-        return (int)guard.err;
+        return fi_cuda_fail("cudaSetDevice", guard.err);
     cudaStream_t stream = (cudaStream_t)p->stream;
     size_t sf_bytes = (size_t)fi_sf_bytes(m, k / p->sf_vec_size, p->sf_layout);
     if (sf_bytes > 0) { /* padding entries stay 0, as on the CPU */
         cudaError_t err = cudaMemsetAsync(p->sf, 0, sf_bytes, stream);
         if (err != cudaSuccess)
-            return (int)err;
+            return fi_cuda_fail("cudaMemsetAsync (fp4 scales)", err);
     }
     int64_t total = m * (k / p->sf_vec_size);
     if (total <= 0)
@@ -212,7 +212,8 @@ extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
                    p->sf_ue8m0, (int)p->sf_layout};
     int64_t blocks = (total + 255) / 256;
     fp4_quantize_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(q);
-    return (int)cudaGetLastError();
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : fi_cuda_fail("fp4 quantize kernel launch", err);
 }
 
 extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
@@ -221,7 +222,7 @@ extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
     if (m <= 0 || n <= 0)
         return 0;
     if ((n + fi_wmma::BN - 1) / fi_wmma::BN > 0x7fffffff)
-        return (int)cudaErrorInvalidConfiguration;
+        return fi_cuda_fail("fp4 GEMM: n too large for the grid", cudaSuccess);
     Fp4Loader ld;
     ld.a = {(const uint8_t *)p->a.data, p->a_sf, m, p->a.stride[0], p->a.stride[1], 0};
     ld.b = {(const uint8_t *)p->b.data, p->b_sf, n, p->b.stride[1], p->b.stride[0], 0};
@@ -235,11 +236,12 @@ extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
     ld.wa[0] = ld.wa[1] = ld.wb[0] = ld.wb[1] = 0;
     ld.sa = ld.sb = 0.0f;
 
-    fi_wmma::DeviceGuard guard(p->a.device_index);
+    fi_device_guard guard(p->a.device_index);
     if (guard.err != cudaSuccess)
-        return (int)guard.err;
+        return fi_cuda_fail("cudaSetDevice", guard.err);
     fp4_gemm_kernel<<<fi_wmma::tile_grid(1, m, n), fi_wmma::THREADS, 0,
                       (cudaStream_t)p->stream>>>(ld, m, n, p->alpha, p->out.data,
                                                  (int)p->out.dtype);
-    return (int)cudaGetLastError();
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : fi_cuda_fail("fp4 GEMM kernel launch", err);
 }

@@ -104,7 +104,7 @@ extern "C" int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p)
     if (batch <= 0 || m <= 0 || n <= 0)
         return 0;
     if ((n + fi_wmma::BN - 1) / fi_wmma::BN > 0x7fffffff)
-        return (int)cudaErrorInvalidConfiguration;
+        return fi_cuda_fail("fp8 GEMM: n too large for the grid", cudaSuccess);
 
     Fp8Operand a = {(const uint8_t *)A->data, m, A->stride[0], A->stride[1], A->stride[2], 0,
                     0, 0, A->dtype == FI_DTYPE_E5M2};
@@ -125,16 +125,12 @@ extern "C" int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p)
     b.vec = b.s_k == 1 && k % 16 == 0 && aligned16(b.data) && b.s_row % 16 == 0 &&
             b.s_batch % 16 == 0 && b.s_kblock % 16 == 0;
 
-    fi_wmma::DeviceGuard guard(A->device_index);
+    fi_device_guard guard(A->device_index);
     if (guard.err != cudaSuccess)
-        return (int)guard.err;
+        return fi_cuda_fail("cudaSetDevice", guard.err);
     cudaStream_t stream = (cudaStream_t)p->stream;
     fp8_gemm_kernel<<<fi_wmma::tile_grid(batch, m, n), fi_wmma::THREADS, 0, stream>>>(
         a, b, batch, m, n, k, p->a_scale, p->b_scale, p->out.data, (int)p->out.dtype);
-    return (int)cudaGetLastError();
-}
-
-extern "C" const char *fi_cuda_gemm_error_string(int rc)
-{
-    return cudaGetErrorString((cudaError_t)rc);
+    cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? 0 : fi_cuda_fail("fp8 GEMM kernel launch", err);
 }

@@ -7,6 +7,7 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include "common.cuh"
 #include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
@@ -19,24 +20,6 @@ constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, THREADS = 256;
 /* Each thread stages 16 consecutive k values of one A row and one B column per k step:
  * tile row threadIdx.x / 2, k offset (threadIdx.x % 2) * 16. 256 threads cover both tiles. */
 static_assert(THREADS == 2 * BM && THREADS == 2 * BN && BK == 32, "staging map");
-
-/* Makes the launch's device current and puts the previous one back on destruction. */
-struct DeviceGuard {
-    int prev = -1;
-    cudaError_t err = cudaSuccess;
-    explicit DeviceGuard(int device)
-    {
-        err = cudaGetDevice(&prev);
-        if (err == cudaSuccess && prev != device)
-            err = cudaSetDevice(device);
-    }
-    ~DeviceGuard()
-    {
-        int now;
-        if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev)
-            cudaSetDevice(prev);
-    }
-};
 
 /* Same rounding as the CPU kernels' store (kernels/cpu/gemm_tiled.c). */
 __device__ __forceinline__ void store_out(void *out, int out_dtype, int64_t at, float v)

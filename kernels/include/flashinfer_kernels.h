@@ -184,12 +184,11 @@ int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p);
  * and scale pointer in the memory of the device a.device_index (x for quantization); they
  * launch on p->stream (a cudaStream_t, NULL for the legacy default stream) with that device
  * current, restoring the caller's afterwards, and do not wait for the kernels. Each returns
- * 0, or a cudaError_t value (> 0) that fi_cuda_gemm_error_string describes. Quantization
+ * 0, or nonzero with the reason in fi_cuda_last_error(). Quantization
  * is bit-exact with the CPU kernel; the GEMMs sum in float32 in another order. */
 int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p);
 int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p);
 int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p);
-const char *fi_cuda_gemm_error_string(int rc);
 
 /* bmm_fp8 (FI_GEMM_B_STRIDED) through cuBLASLt, dlopen'ed at first use (lib_dir, may be
  * NULL, is searched after the libraries already loaded in the process and before the
