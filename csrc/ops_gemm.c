@@ -1,5 +1,5 @@
 /* ops_gemm.c: checks the arguments of the GEMM and fp4 entry points (types, devices,
- * dtypes, shapes, output buffers) and runs the CPU kernels with the GIL released. */
+ * dtypes, shapes, output buffers) and runs the CPU or CUDA kernels with the GIL released. */
 #include "ops_gemm.h"
 
 #include "flashinfer_kernels.h"
@@ -28,7 +28,7 @@ static const char *device_name(const fi_tensor *t)
     return t->device_type == FI_DEVICE_CPU ? "cpu" : t->device_type == FI_DEVICE_CUDA ? "cuda" : "other";
 }
 
-/* All tensors must share one device, and for now that device is the CPU. */
+/* All tensors must share one device: the CPU, or a CUDA device in a build with CUDA. */
 static int check_devices(const char *op, tensor_arg **args, int n)
 {
     for (int i = 1; i < n; i++) {
@@ -41,6 +41,17 @@ static int check_devices(const char *op, tensor_arg **args, int n)
                          args[0]->name, device_name(&args[0]->t), args[0]->t.device_index);
             return -1;
         }
+    }
+    if (n > 0 && args[0]->t.device_type == FI_DEVICE_CUDA) {
+#ifdef FI_WITH_CUDA
+        return 0;
+#else
+        PyErr_Format(PyExc_ValueError,
+                     "%s: %s is on device cuda:%d but this build of flashinfer._C has no CUDA "
+                     "support (built without nvcc); %s runs on cpu tensors only",
+                     op, args[0]->name, args[0]->t.device_index, op);
+        return -1;
+#endif
     }
     if (n > 0 && args[0]->t.device_type != FI_DEVICE_CPU) {
         PyErr_Format(PyExc_ValueError,
@@ -154,27 +165,115 @@ static int check_threads(int num_threads)
     return -1;
 }
 
+/* rc of a kernel: 0, -1 (scratch memory ran out) or, from the CUDA kernels, > 0 with the
+ * reason in fi_cuda_last_error(). */
 static PyObject *kernel_result(int rc, const char *op)
 {
     if (rc < 0)
         return PyErr_Format(PyExc_MemoryError, "%s: could not allocate kernel scratch memory", op);
+#ifdef FI_WITH_CUDA
+    if (rc > 0)
+        return PyErr_Format(PyExc_RuntimeError, "%s: %s", op, fi_cuda_last_error());
+#endif
     Py_RETURN_NONE;
 }
 
+static int on_cuda(const fi_tensor *t) { return t->device_type == FI_DEVICE_CUDA; }
+
+/* The kernel for the tensors' device (the glue has refused CUDA in a build without it). */
+static int run_gemm_fp8(const fi_gemm_fp8_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->a))
+        return fi_gemm_fp8_cuda(p);
+#endif
+    return fi_gemm_fp8_cpu(p);
+}
+
+static int run_fp4_quantize(const fi_fp4_quantize_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->x))
+        return fi_fp4_quantize_cuda(p);
+#endif
+    return fi_fp4_quantize_cpu(p);
+}
+
+static int run_gemm_fp4(const fi_gemm_fp4_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->a))
+        return fi_gemm_fp4_cuda(p);
+#endif
+    return fi_gemm_fp4_cpu(p);
+}
+
+/* bmm_fp8's backend argument. */
+enum { BMM_NATIVE = 0, BMM_CUBLASLT = 1, BMM_CUBLASLT_ONLY = 2 };
+
 static const fi_dtype fp8_kinds[] = {FI_DTYPE_E4M3FN, FI_DTYPE_E5M2};
+
+/* bmm_fp8 on CUDA tensors (already checked): cuBLASLt and/or the native kernel. */
+static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, tensor_arg *ws,
+                              const char *lib_dir, tensor_arg *out)
+{
+#ifdef FI_WITH_CUDA
+    void *ws_data = NULL;
+    size_t ws_bytes = 0;
+    if (ws->obj != Py_None) {
+        static const fi_dtype u8[] = {FI_DTYPE_U8};
+        tensor_arg *pair[2] = {out, ws};
+        if (read_arg(ws) < 0 || check_devices("bmm_fp8", pair, 2) < 0 ||
+            check_dtype(ws, u8, 1) < 0 || check_contiguous(ws) < 0)
+            return NULL;
+        ws_data = ws->t.data;
+        ws_bytes = (size_t)fi_tensor_numel(&ws->t);
+    }
+    int rc = 0, lt_done = 0;
+    const char *why = "not tried";
+    Py_BEGIN_ALLOW_THREADS
+    if (backend != BMM_NATIVE)
+        lt_done = fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
+    if (!lt_done && backend != BMM_CUBLASLT_ONLY)
+        rc = fi_gemm_fp8_cuda(p);
+    Py_END_ALLOW_THREADS
+    if (!lt_done && backend == BMM_CUBLASLT_ONLY)
+        return PyErr_Format(PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
+    return kernel_result(rc, "bmm_fp8");
+#else
+    (void)p, (void)backend, (void)ws, (void)lib_dir, (void)out;
+    return PyErr_Format(PyExc_ValueError, "bmm_fp8: this build has no CUDA support");
+#endif
+}
+
 static const fi_dtype half_kinds[] = {FI_DTYPE_BF16, FI_DTYPE_F16};
 
-PyDoc_STRVAR(bmm_fp8_doc, "bmm_fp8(A, B, A_scale, B_scale, out, num_threads)\n--\n\n"
-                          "out = (A @ B) * A_scale * B_scale for fp8 A [b, m, k], B [b, k, n].");
+PyDoc_STRVAR(bmm_fp8_doc,
+             "bmm_fp8(A, B, A_scale, B_scale, out, num_threads, stream=0, backend=0,\n"
+             "        workspace=None, lib_dir=None)\n--\n\n"
+             "out = (A @ B) * A_scale * B_scale for fp8 A [b, m, k], B [b, k, n].\n"
+             "CUDA tensors: launched on stream (a cudaStream_t as an int); backend 0 runs\n"
+             "the native kernel, 1 cuBLASLt falling back to it, 2 cuBLASLt only\n"
+             "(RuntimeError when it cannot); workspace is a uint8 CUDA tensor for cuBLASLt,\n"
+             "lib_dir a directory searched for libcublasLt on first use.");
 
 static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
 {
     (void)self;
     tensor_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"}, out = {.name = "out"};
-    int num_threads;
-    if (!PyArg_ParseTuple(args, "OOOOOi:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj, &out.obj,
-                          &num_threads))
+    tensor_arg ws = {.name = "workspace"};
+    int num_threads, backend = BMM_NATIVE;
+    unsigned long long stream = 0;
+    const char *lib_dir = NULL;
+    ws.obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOi|KiOz:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj,
+                          &out.obj, &num_threads, &stream, &backend, &ws.obj, &lib_dir))
         return NULL;
+    if (backend < BMM_NATIVE || backend > BMM_CUBLASLT_ONLY)
+        return PyErr_Format(PyExc_ValueError,
+                            "backend: %d is not a backend; expected 0 (native), 1 (cuBLASLt, "
+                            "else native) or 2 (cuBLASLt only)",
+                            backend);
     tensor_arg *all[] = {&A, &B, &as, &bs, &out};
     for (int i = 0; i < 4; i++)
         if (read_arg(all[i]) < 0)
@@ -198,13 +297,15 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
         return NULL;
     fi_gemm_fp8_params p = {.a = A.t, .b = B.t, .out = out.t, .b_layout = FI_GEMM_B_STRIDED,
                             .a_scale = as.t.data, .b_scale = bs.t.data,
-                            .num_threads = num_threads};
+                            .num_threads = num_threads, .stream = (void *)(uintptr_t)stream};
+    if (on_cuda(&A.t))
+        return bmm_fp8_cuda(&p, backend, &ws, lib_dir, &out);
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp8_cpu(&p);
     Py_END_ALLOW_THREADS return kernel_result(rc, "bmm_fp8");
 }
 
-PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads)\n--\n\n"
+PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\n"
                          "out = alpha * (a @ w.T) for e4m3 a [m, k] and the prepared weight\n"
                          "b [k // 128, n, 128]; alpha may be None.");
 
@@ -213,8 +314,9 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
     (void)self;
     tensor_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
     int num_threads;
-    if (!PyArg_ParseTuple(args, "OOOOi:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
-                          &num_threads))
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOi|K:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
+                          &num_threads, &stream))
         return NULL;
     tensor_arg *all[4] = {&a, &b, &alpha, &out};
     int n = alpha.obj == Py_None ? 2 : 3;
@@ -248,8 +350,9 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
     p.a.stride[0] = 0, p.a.stride[1] = a.t.stride[0], p.a.stride[2] = a.t.stride[1];
     p.out.ndim = 3;
     p.out.shape[0] = 1, p.out.shape[1] = out.t.shape[0], p.out.shape[2] = out.t.shape[1];
+    p.stream = (void *)(uintptr_t)stream;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp8_cpu(&p);
+    Py_BEGIN_ALLOW_THREADS rc = run_gemm_fp8(&p);
     Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp8");
 }
 
@@ -276,7 +379,7 @@ static int check_sf_numel(const tensor_arg *a, int64_t want)
 
 PyDoc_STRVAR(fp4_quantize_doc,
              "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
-             "             is_global_scale_inversed, num_threads)\n--\n\n"
+             "             is_global_scale_inversed, num_threads, stream=0)\n--\n\n"
              "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.");
 
 static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
@@ -284,8 +387,9 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
     (void)self;
     tensor_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"}, sf = {.name = "sf"};
     int sv, ue8m0, layout, inversed, num_threads;
-    if (!PyArg_ParseTuple(args, "OOOOipipi:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
-                          &ue8m0, &layout, &inversed, &num_threads))
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj,
+                          &sv, &ue8m0, &layout, &inversed, &num_threads, &stream))
         return NULL;
     tensor_arg *all[4] = {&x, &xq, &sf, &gs};
     int n = gs.obj == Py_None ? 3 : 4;
@@ -317,15 +421,16 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
                                 .global_scale = n == 4 ? gs.t.data : NULL,
                                 .global_scale_inversed = inversed, .sf_vec_size = sv,
                                 .sf_ue8m0 = ue8m0, .sf_layout = (fi_sf_layout)layout,
-                                .num_threads = num_threads};
+                                .num_threads = num_threads,
+                                .stream = (void *)(uintptr_t)stream};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_fp4_quantize_cpu(&p);
+    Py_BEGIN_ALLOW_THREADS rc = run_fp4_quantize(&p);
     Py_END_ALLOW_THREADS return kernel_result(rc, "fp4_quantize");
 }
 
 PyDoc_STRVAR(mm_fp4_doc,
              "mm_fp4(a, b, a_descale, b_descale, alpha, out, block_size, sf_layout, sf_ue8m0,\n"
-             "       num_threads)\n--\n\n"
+             "       num_threads, stream=0)\n--\n\n"
              "out = alpha * dequant(a) @ dequant(b) for packed fp4 a [m, k/2], b [k/2, n].");
 
 static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
@@ -334,8 +439,9 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
     tensor_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"}, bsf = {.name = "b_descale"}, alpha = {.name = "alpha"},
                out = {.name = "out"};
     int bs, layout, ue8m0, num_threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOiipi:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
-                          &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads))
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOiipi|K:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
+                          &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads, &stream))
         return NULL;
     tensor_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
     int n = alpha.obj == Py_None ? 4 : 5;
@@ -382,13 +488,38 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
     fi_gemm_fp4_params p = {.a = a.t, .b = b.t, .a_sf = asf.t.data, .b_sf = bsf.t.data,
                             .sf_layout = (fi_sf_layout)layout, .block_size = bs,
                             .sf_ue8m0 = ue8m0, .alpha = n == 5 ? alpha.t.data : NULL,
-                            .out = out.t, .num_threads = num_threads};
+                            .out = out.t, .num_threads = num_threads,
+                            .stream = (void *)(uintptr_t)stream};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp4_cpu(&p);
+    Py_BEGIN_ALLOW_THREADS rc = run_gemm_fp4(&p);
     Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp4");
 }
 
+PyDoc_STRVAR(cublaslt_library_doc,
+             "cublaslt_library(lib_dir=None)\n--\n\n"
+             "Loads cuBLASLt for bmm_fp8 if not yet tried (lib_dir is searched after the\n"
+             "libraries the process has loaded); returns the name it was loaded by, or None\n"
+             "(also in a build without CUDA).");
+
+static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *lib_dir = NULL;
+    if (!PyArg_ParseTuple(args, "|z:cublaslt_library", &lib_dir))
+        return NULL;
+#ifdef FI_WITH_CUDA
+    const char *name;
+    Py_BEGIN_ALLOW_THREADS
+    name = fi_cublaslt_library(lib_dir);
+    Py_END_ALLOW_THREADS
+    if (name)
+        return PyUnicode_DecodeFSDefault(name);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef gemm_methods[] = {
+    {"cublaslt_library", py_cublaslt_library, METH_VARARGS, cublaslt_library_doc},
     {"bmm_fp8", py_bmm_fp8, METH_VARARGS, bmm_fp8_doc},
     {"mm_fp8", py_mm_fp8, METH_VARARGS, mm_fp8_doc},
     {"fp4_quantize", py_fp4_quantize, METH_VARARGS, fp4_quantize_doc},

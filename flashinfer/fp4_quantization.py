@@ -63,6 +63,7 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
         int(layout),
         bool(inversed),
         max(1, torch.get_num_threads()),
+        torch.cuda.current_stream(input.device).cuda_stream if input.is_cuda else 0,
     )
     x_q = x_q.reshape(*input.shape[:-1], k // 2)
     if kblocks and sf.numel() % kblocks == 0:
@@ -107,7 +108,8 @@ def fp4_quantize(
     enable_pdl : bool, optional
         Accepted for compatibility (a CUDA launch option).
     backend : str, optional
-        ``"cuda"`` (FlashInfer's name); the CPU kernel runs on CPU tensors.
+        ``"cuda"`` (FlashInfer's name): the kernel of the input's device runs (CPU, or
+        CUDA on the device's current stream, bit-identical results).
 
     Returns
     -------

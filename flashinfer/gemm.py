@@ -2,8 +2,13 @@
 and ``mm_fp4``.
 
 Arguments are checked and the products computed in the C extension (``flashinfer._C``);
-this module picks defaults, allocates outputs and validates backend names.
+this module picks defaults, allocates outputs and validates backend names. CUDA tensors
+run the CUDA kernels on the current stream of their device (``bmm_fp8`` through cuBLASLt
+for ``backend="cublas"``, ``"cublaslt"`` and ``"auto"``, falling back to the native kernel).
 """
+
+import functools
+import os
 
 import torch
 
@@ -15,6 +20,10 @@ BMM_FP8_BACKENDS = ("cudnn", "cublas", "cublaslt", "cutlass", "auto")
 MM_FP8_BACKENDS = ("trtllm_low_latency",)
 MM_FP4_BACKENDS = ("cudnn", "trtllm", "cutlass", "auto")
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
+_CUBLASLT_BACKENDS = ("cublas", "cublaslt", "auto")
+# _C.bmm_fp8's backend argument: native kernel, or cuBLASLt falling back to it
+_NATIVE, _CUBLASLT = 0, 1
+_CUBLASLT_WORKSPACE_BYTES = 32 * 1024 * 1024
 
 
 def _check_choice(name, value, accepted):
@@ -28,6 +37,30 @@ def _num_threads():
 
 def _is_tensor_with_ndim(x, ndim):
     return isinstance(x, torch.Tensor) and x.dim() == ndim
+
+
+def _stream(x):
+    """The current CUDA stream of x's device as an int (0 for anything not on CUDA)."""
+    if isinstance(x, torch.Tensor) and x.is_cuda:
+        return torch.cuda.current_stream(x.device).cuda_stream
+    return 0
+
+
+@functools.lru_cache(maxsize=1)
+def _cublas_lib_dir():
+    """The directory of the pip wheel's libcublasLt that torch ships with (``nvidia/cublas/lib``
+    for CUDA 12, ``nvidia/cu13/lib`` for CUDA 13), or None. Only a hint: the C side first
+    uses a cuBLASLt the process has already loaded."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cublas", "cu13"):
+            lib = os.path.join(base, sub, "lib")
+            if os.path.isdir(lib) and any(f.startswith("libcublasLt.so") for f in os.listdir(lib)):
+                return lib
+    return None
 
 
 @flashinfer_api
@@ -49,7 +82,12 @@ def bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas"):
         Preallocated contiguous output ``[b, m, n]`` of ``dtype``.
     backend : str, optional
         One of FlashInfer's backends (``"cudnn"``, ``"cublas"``, ``"cublaslt"``,
-        ``"cutlass"``, ``"auto"``); all run the same CPU kernel here.
+        ``"cutlass"``, ``"auto"``). CPU tensors: all run the same CPU kernel. CUDA tensors:
+        ``"cublas"``, ``"cublaslt"`` and ``"auto"`` use cuBLASLt's fp8 matmul (loaded at
+        first use; A row-major and B column-major, 16-byte aligned, ``k % 16 == 0`` and
+        ``n % 8 == 0``) and fall back to the native tensor-core kernel when cuBLASLt is
+        missing or cannot take the operands; ``"cudnn"`` and ``"cutlass"`` run the
+        native kernel.
 
     Returns
     -------
@@ -62,7 +100,25 @@ def bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas"):
         out = torch.empty((A.shape[0], A.shape[1], B.shape[2]), dtype=dtype, device=A.device)
     elif out is not None and isinstance(out, torch.Tensor) and out.dtype != dtype:
         raise ValueError(f"out: dtype {out.dtype} does not match dtype={dtype}")
-    _C.bmm_fp8(A, B, A_scale, B_scale, out, _num_threads())
+    if isinstance(A, torch.Tensor) and A.is_cuda:
+        native = backend not in _CUBLASLT_BACKENDS
+        workspace = None
+        if not native:
+            workspace = torch.empty(_CUBLASLT_WORKSPACE_BYTES, dtype=torch.uint8, device=A.device)
+        _C.bmm_fp8(
+            A,
+            B,
+            A_scale,
+            B_scale,
+            out,
+            _num_threads(),
+            _stream(A),
+            _NATIVE if native else _CUBLASLT,
+            workspace,
+            _cublas_lib_dir(),
+        )
+    else:
+        _C.bmm_fp8(A, B, A_scale, B_scale, out, _num_threads())
     return out
 
 
@@ -127,7 +183,7 @@ def mm_fp8(a, b, alpha=None, out_dtype=torch.bfloat16, out=None, backend="trtllm
         out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
     elif out is not None and isinstance(out, torch.Tensor) and out.dtype != out_dtype:
         raise ValueError(f"out: dtype {out.dtype} does not match out_dtype={out_dtype}")
-    _C.mm_fp8(a, b, alpha, out, _num_threads())
+    _C.mm_fp8(a, b, alpha, out, _num_threads(), _stream(a))
     return out
 
 
@@ -189,7 +245,8 @@ def mm_fp4(
     use_8x4_sf_layout : bool, optional
         Scales are in the 8x4 layout.
     backend : str, optional
-        ``"cudnn"``, ``"trtllm"``, ``"cutlass"`` or ``"auto"``; all run the CPU kernel.
+        ``"cudnn"``, ``"trtllm"``, ``"cutlass"`` or ``"auto"``; all run the one kernel of
+        the tensors' device (on CUDA: dequantized bf16 tiles on the tensor cores).
         Weights shuffled for ``"trtllm"`` (``do_shuffle=True``) are not supported.
     use_nvfp4 : bool, optional
         True: NVFP4 (E4M3 scales, block_size 16); False: MXFP4 (UE8M0, block_size 32).
@@ -228,5 +285,6 @@ def mm_fp4(
         int(layout),
         not use_nvfp4,
         _num_threads(),
+        _stream(a),
     )
     return out

@@ -7,14 +7,21 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t fi_f32_bits(float f)
+/* nvcc compiles these for the CUDA kernels too (the same rounding on host and device). */
+#ifdef __CUDACC__
+#define FI_NUMERIC_FN static inline __host__ __device__
+#else
+#define FI_NUMERIC_FN static inline
+#endif
+
+FI_NUMERIC_FN uint32_t fi_f32_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float fi_bits_f32(uint32_t u)
+FI_NUMERIC_FN float fi_bits_f32(uint32_t u)
 {
     float f;
     memcpy(&f, &u, 4);
@@ -22,7 +29,7 @@ static inline float fi_bits_f32(uint32_t u)
 }
 
 /* IEEE binary16 -> float32 (exact). */
-static inline float fi_f16_to_f32(uint16_t h)
+FI_NUMERIC_FN float fi_f16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
@@ -40,7 +47,7 @@ static inline float fi_f16_to_f32(uint16_t h)
 }
 
 /* float32 -> IEEE binary16, round to nearest even, overflow to inf. */
-static inline uint16_t fi_f32_to_f16(float f)
+FI_NUMERIC_FN uint16_t fi_f32_to_f16(float f)
 {
     uint32_t x = fi_f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000;
@@ -60,10 +67,10 @@ static inline uint16_t fi_f32_to_f16(float f)
     return (uint16_t)(sign | ((absx - 0x38000000u) >> 13));
 }
 
-static inline float fi_bf16_to_f32(uint16_t b) { return fi_bits_f32((uint32_t)b << 16); }
+FI_NUMERIC_FN float fi_bf16_to_f32(uint16_t b) { return fi_bits_f32((uint32_t)b << 16); }
 
 /* float32 -> bfloat16, round to nearest even; NaN stays a quiet NaN. */
-static inline uint16_t fi_f32_to_bf16(float f)
+FI_NUMERIC_FN uint16_t fi_f32_to_bf16(float f)
 {
     uint32_t x = fi_f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u)
@@ -74,7 +81,7 @@ static inline uint16_t fi_f32_to_bf16(float f)
 
 /* Generic decoder for 8-bit minifloats with the given exponent/mantissa widths.
  * fnuz formats have no negative zero (0x80 is NaN) and their bias is one larger. */
-static inline float fi_fp8_decode(uint8_t v, int exp_bits, int man_bits, int bias)
+FI_NUMERIC_FN float fi_fp8_decode(uint8_t v, int exp_bits, int man_bits, int bias)
 {
     int sign = v >> 7;
     int exp = (v >> man_bits) & ((1 << exp_bits) - 1);
@@ -88,7 +95,7 @@ static inline float fi_fp8_decode(uint8_t v, int exp_bits, int man_bits, int bia
 }
 
 /* float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN, max 448. */
-static inline float fi_e4m3fn_to_f32(uint8_t v)
+FI_NUMERIC_FN float fi_e4m3fn_to_f32(uint8_t v)
 {
     if ((v & 0x7f) == 0x7f)
         return NAN;
@@ -96,7 +103,7 @@ static inline float fi_e4m3fn_to_f32(uint8_t v)
 }
 
 /* float8_e5m2: IEEE-like, bias 15, exponent 31 is inf/NaN. */
-static inline float fi_e5m2_to_f32(uint8_t v)
+FI_NUMERIC_FN float fi_e5m2_to_f32(uint8_t v)
 {
     if (((v >> 2) & 0x1f) == 0x1f)
         return (v & 3) ? NAN : ((v & 0x80) ? -INFINITY : INFINITY);
@@ -104,7 +111,7 @@ static inline float fi_e5m2_to_f32(uint8_t v)
 }
 
 /* float8_e4m3fnuz: bias 8, 0x80 is the only NaN, no infinities, no -0. */
-static inline float fi_e4m3fnuz_to_f32(uint8_t v)
+FI_NUMERIC_FN float fi_e4m3fnuz_to_f32(uint8_t v)
 {
     if (v == 0x80)
         return NAN;
@@ -112,7 +119,7 @@ static inline float fi_e4m3fnuz_to_f32(uint8_t v)
 }
 
 /* float8_e5m2fnuz: bias 16, 0x80 is the only NaN, no infinities, no -0. */
-static inline float fi_e5m2fnuz_to_f32(uint8_t v)
+FI_NUMERIC_FN float fi_e5m2fnuz_to_f32(uint8_t v)
 {
     if (v == 0x80)
         return NAN;
@@ -120,7 +127,7 @@ static inline float fi_e5m2fnuz_to_f32(uint8_t v)
 }
 
 /* float8_e8m0fnu: unsigned exponent only, 2^(v-127); 0xff is NaN. */
-static inline float fi_e8m0fnu_to_f32(uint8_t v)
+FI_NUMERIC_FN float fi_e8m0fnu_to_f32(uint8_t v)
 {
     if (v == 0xff)
         return NAN;
@@ -130,7 +137,7 @@ static inline float fi_e8m0fnu_to_f32(uint8_t v)
 /* Rounds |f| (finite, >= 0) to a minifloat with man_bits mantissa bits and the given
  * bias, nearest even; returns the unsigned code, which may land one past the largest
  * finite encoding (the caller decides between saturation and infinity). */
-static inline uint32_t fi_minifloat_round(float a, int man_bits, int bias)
+FI_NUMERIC_FN uint32_t fi_minifloat_round(float a, int man_bits, int bias)
 {
     if (a < ldexpf(1.0f, 1 - bias)) /* subnormal: units of 2^(1-bias-man_bits) */
         return (uint32_t)rintf(ldexpf(a, bias - 1 + man_bits));
@@ -147,7 +154,7 @@ static inline uint32_t fi_minifloat_round(float a, int man_bits, int bias)
 
 /* float32 -> float8_e4m3fn as torch's .to(float8_e4m3fn): round to nearest even,
  * out-of-range values and infinities saturate to +-448, NaN -> 0x7f (sign kept). */
-static inline uint8_t fi_f32_to_e4m3fn(float f)
+FI_NUMERIC_FN uint8_t fi_f32_to_e4m3fn(float f)
 {
     uint8_t sign = (uint8_t)((fi_f32_bits(f) >> 24) & 0x80);
     if (isnan(f))
@@ -160,7 +167,7 @@ static inline uint8_t fi_f32_to_e4m3fn(float f)
 }
 
 /* float32 -> float8_e5m2, round to nearest even; overflow -> inf, NaN -> NaN. */
-static inline uint8_t fi_f32_to_e5m2(float f)
+FI_NUMERIC_FN uint8_t fi_f32_to_e5m2(float f)
 {
     uint8_t sign = (uint8_t)((fi_f32_bits(f) >> 24) & 0x80);
     if (isnan(f))
@@ -175,15 +182,20 @@ static inline uint8_t fi_f32_to_e5m2(float f)
 /* E2M1 magnitudes by code 0..7. */
 static const float fi_e2m1_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
-static inline float fi_e2m1_to_f32(uint8_t code)
+FI_NUMERIC_FN float fi_e2m1_to_f32(uint8_t code)
 {
+#ifdef __CUDA_ARCH__
+    const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f}; /* no host table */
+    float v = values[code & 7];
+#else
     float v = fi_e2m1_values[code & 7];
+#endif
     return (code & 8) ? -v : v;
 }
 
 /* float32 -> E2M1 code (sign in bit 3), round to nearest with ties to the even code,
  * saturating at 6. NaN encodes as +0 with its sign dropped. */
-static inline uint8_t fi_f32_to_e2m1(float f)
+FI_NUMERIC_FN uint8_t fi_f32_to_e2m1(float f)
 {
     uint8_t sign = (f < 0.0f || (f == 0.0f && signbit(f))) ? 8 : 0;
     float a = fabsf(f);

@@ -180,6 +180,28 @@ typedef struct {
 
 int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p);
 
+/* CUDA twins (kernels/cuda, built with FI_WITH_CUDA): the same params, with every tensor
+ * and scale pointer in the memory of the device a.device_index (x for quantization); they
+ * launch on p->stream (a cudaStream_t, NULL for the legacy default stream) with that device
+ * current, restoring the caller's afterwards, and do not wait for the kernels. Each returns
+ * 0, or nonzero with the reason in fi_cuda_last_error(). Quantization
+ * is bit-exact with the CPU kernel; the GEMMs sum in float32 in another order. */
+int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p);
+int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p);
+int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p);
+
+/* bmm_fp8 (FI_GEMM_B_STRIDED) through cuBLASLt, dlopen'ed at first use (lib_dir, may be
+ * NULL, is searched after the libraries already loaded in the process and before the
+ * loader's path). workspace: workspace_bytes of device memory for the call (may be NULL).
+ * Returns 0 when cuBLASLt ran the GEMM; -1 with *why set (a static string) when it could
+ * not (no library, a layout or dtype it does not take, no algorithm, an error), in which
+ * case nothing was written and the caller falls back to fi_gemm_fp8_cuda. */
+int fi_gemm_fp8_cublaslt(const fi_gemm_fp8_params *p, const char *lib_dir, void *workspace,
+                         size_t workspace_bytes, const char **why);
+
+/* Loads cuBLASLt if not yet tried; returns the name it was loaded by, or NULL. */
+const char *fi_cublaslt_library(const char *lib_dir);
+
 /* ---- Attention ------------------------------------------------------------------
  * One interface for decode and prefill, ragged or paged KV, CPU or CUDA. A batch of
  * num_requests requests; request b owns query rows qo_indptr[b] .. qo_indptr[b+1] of q
