@@ -235,15 +235,28 @@ def _prefill_plan_common(
             "equal head dims"
         )
     kw = _common_kwargs(
-        kv_layout,
-        pos_encoding_mode,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        rope_scale,
-        rope_theta,
+        kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
     )
-    return (qo_indptr, kw) + _plan_dtypes(q_data_type, kv_data_type, o_data_type=o_data_type)
+    q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, o_data_type=o_data_type)
+    return dict(
+        qo_indptr=qo_indptr,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim_qk,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        o_dtype=o_dtype,
+        kwargs=kw,
+    )
+
+
+def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens):
+    """The plan with its packed mask, mask offsets and causal flag (off under a mask)."""
+    mask, mask_indptr = _packed_mask(
+        custom_mask, packed_custom_mask, _lengths(plan["qo_indptr"]), kv_lens, False
+    )
+    plan.update(mask=mask, mask_indptr=mask_indptr, causal=bool(causal) and mask is None)
+    return plan
 
 
 def _prefill_run_outputs(plan, q, out, lse, return_lse):
@@ -344,7 +357,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         non_blocking : bool
             Accepted for compatibility.
         """
-        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+        plan = _prefill_plan_common(
             qo_indptr,
             num_qo_heads,
             num_kv_heads,
@@ -361,6 +374,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
+        qo_indptr = plan["qo_indptr"]
         kv_indptr = _index_tensor("paged_kv_indptr", paged_kv_indptr)
         kv_indices = _index_tensor("paged_kv_indices", paged_kv_indices)
         last_page_len = _index_tensor("paged_kv_last_page_len", paged_kv_last_page_len)
@@ -372,30 +386,14 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 "accepted: batch_size + 1 and batch_size"
             )
         _check_page_size(page_size)
-        mask, mask_indptr = _packed_mask(
-            custom_mask,
-            packed_custom_mask,
-            _lengths(qo_indptr),
-            _paged_kv_lens(kv_indptr, last_page_len, page_size),
-            False,
-        )
-        self._plan = dict(
-            qo_indptr=qo_indptr,
+        plan.update(
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,
             kv_last_page_len=last_page_len,
-            mask=mask,
-            mask_indptr=mask_indptr,
-            causal=bool(causal) and mask is None,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
             page_size=page_size,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            o_dtype=o_dtype,
-            kwargs=kw,
         )
+        kv_lens = _paged_kv_lens(kv_indptr, last_page_len, page_size)
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens)
 
     @flashinfer_api
     def run(
@@ -524,7 +522,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         non_blocking : bool
             Accepted for compatibility.
         """
-        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+        plan = _prefill_plan_common(
             qo_indptr,
             num_qo_heads,
             num_kv_heads,
@@ -541,29 +539,15 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
+        qo_indptr = plan["qo_indptr"]
         kv_indptr = _index_tensor("kv_indptr", kv_indptr)
         if kv_indptr.numel() != qo_indptr.numel():
             raise ValueError(
                 f"kv_indptr: {kv_indptr.numel()} entries but qo_indptr has "
                 f"{qo_indptr.numel()}; accepted: the same batch_size + 1"
             )
-        mask, mask_indptr = _packed_mask(
-            custom_mask, packed_custom_mask, _lengths(qo_indptr), _lengths(kv_indptr), False
-        )
-        self._plan = dict(
-            qo_indptr=qo_indptr,
-            kv_indptr=kv_indptr,
-            mask=mask,
-            mask_indptr=mask_indptr,
-            causal=bool(causal) and mask is None,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            o_dtype=o_dtype,
-            kwargs=kw,
-        )
+        plan["kv_indptr"] = kv_indptr
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, _lengths(kv_indptr))
 
     @flashinfer_api
     def run(
