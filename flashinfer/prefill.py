@@ -4,29 +4,41 @@ The computation runs in C (``flashinfer._C.attention``); this module checks the
 FlashInfer-shaped arguments, packs masks, allocates outputs and keeps the wrapper plans.
 """
 
-import math
-
 import torch
 
-from .api_logging import flashinfer_api
-from .decode import (
-    _KV_LAYOUTS,
+from ._attention_common import (
     _as_dtype,
-    _attention,
-    _check_choice,
     _check_head_dim,
     _check_heads,
-    _check_paged_cache,
+    _check_page_size,
     _check_planned_dtype,
+    _check_planned_q,
     _check_tensor,
     _common_kwargs,
     _index_tensor,
-    _no_extra_args,
-    _output,
-    _packbits_little,
+    _init_wrapper,
+    _kv_len,
+    _paged_kv,
+    _plan_dtypes,
+    _planned,
+    _run_kwargs,
+    _run_outputs,
+    _run_planned,
+    _run_single,
     _scale_value,
-    _split_paged_kv_cache,
+    _single_kwargs,
 )
+from .api_logging import flashinfer_api
+
+
+def _packbits_little(bits):
+    """Packs a bool tensor's elements (flattened) into uint8, little-endian bit order."""
+    flat = bits.reshape(-1).to(torch.int32)
+    pad = (-flat.numel()) % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    shifts = torch.arange(8, dtype=torch.int32)
+    return (flat.view(-1, 8) << shifts).sum(dim=1).to(torch.uint8)
 
 
 def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
@@ -97,11 +109,6 @@ def _paged_kv_lens(indptr, last_page_len, page_size):
     return [0 if n == 0 else (n - 1) * page_size + last[i] for i, n in enumerate(pages)]
 
 
-def _final_scale(sm_scale, head_dim, q_scale, k_scale):
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    return scale * _scale_value("q_scale", q_scale) * _scale_value("k_scale", k_scale)
-
-
 @flashinfer_api
 def single_prefill_with_kv_cache(
     q,
@@ -168,10 +175,13 @@ def single_prefill_with_kv_cache(
     torch.Tensor or tuple of torch.Tensor
         ``[qo_len, num_qo_heads, head_dim]``, and ``[qo_len, num_qo_heads]`` lse when asked.
     """
-    _check_tensor("q", q, 3)
-    _check_tensor("k", k, 3)
-    _check_tensor("v", v, 3)
-    kw = _common_kwargs(
+    kw = _single_kwargs(
+        q,
+        k,
+        v,
+        3,
+        scale_q,
+        scale_k,
         kv_layout,
         pos_encoding_mode,
         window_left,
@@ -180,21 +190,16 @@ def single_prefill_with_kv_cache(
         rope_scale,
         rope_theta,
     )
-    kw["sm_scale"] = _final_scale(kw["sm_scale"], q.shape[-1], scale_q, scale_k)
-    qo_len = q.shape[0]
-    kv_len = k.shape[0] if kw["kv_layout"] == "NHD" else k.shape[1]
-    mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [qo_len], [kv_len], True)
+    kv_len = _kv_len(k, kw["kv_layout"])
+    mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [q.shape[0]], [kv_len], True)
     o_dtype = q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype)
     out = torch.empty(q.shape, dtype=o_dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    _attention(
+    lse = _run_single(
         q,
         k,
         v,
         out,
-        lse,
-        torch.tensor([0, qo_len], dtype=torch.int32),
-        torch.tensor([0, kv_len], dtype=torch.int32),
+        return_lse,
         mask=mask,
         mask_indptr=mask_indptr,
         causal=bool(causal) and mask is None,
@@ -230,34 +235,38 @@ def _prefill_plan_common(
             "equal head dims"
         )
     kw = _common_kwargs(
-        kv_layout,
-        pos_encoding_mode,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        rope_scale,
-        rope_theta,
+        kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
     )
-    q_dtype = _as_dtype("q_data_type", q_data_type)
-    kv_dtype = _as_dtype("kv_data_type", kv_data_type) or q_dtype
-    o_dtype = _as_dtype("o_data_type", o_data_type) or q_dtype
-    return qo_indptr, kw, q_dtype, kv_dtype, o_dtype
+    q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, o_data_type=o_data_type)
+    return dict(
+        qo_indptr=qo_indptr,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim_qk,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        o_dtype=o_dtype,
+        kwargs=kw,
+    )
+
+
+def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens):
+    """The plan with its packed mask, mask offsets and causal flag (off under a mask)."""
+    mask, mask_indptr = _packed_mask(
+        custom_mask, packed_custom_mask, _lengths(plan["qo_indptr"]), kv_lens, False
+    )
+    plan.update(mask=mask, mask_indptr=mask_indptr, causal=bool(causal) and mask is None)
+    return plan
 
 
 def _prefill_run_outputs(plan, q, out, lse, return_lse):
-    _check_tensor("q", q, 3)
-    total = int(plan["qo_indptr"][-1])
-    want = (total, plan["num_qo_heads"], plan["head_dim"])
-    if tuple(q.shape) != want:
-        raise ValueError(
-            f"q: shape {tuple(q.shape)} does not match the plan (qo_indptr[-1], num_qo_heads, "
-            f"head_dim_qk) = {want}"
-        )
-    _check_planned_dtype("q", q, plan["q_dtype"], "q_data_type")
-    out = _output("out", out, q.shape, plan["o_dtype"] or q.dtype, q.device)
-    if return_lse or lse is not None:
-        lse = _output("lse", lse, q.shape[:2], torch.float32, q.device)
-    return out, lse
+    _check_planned_q(
+        plan,
+        q,
+        (int(plan["qo_indptr"][-1]), plan["num_qo_heads"], plan["head_dim"]),
+        "(qo_indptr[-1], num_qo_heads, head_dim_qk)",
+    )
+    return _run_outputs(q, out, lse, return_lse, plan["o_dtype"] or q.dtype)
 
 
 class BatchPrefillWithPagedKVCacheWrapper:
@@ -294,13 +303,9 @@ class BatchPrefillWithPagedKVCacheWrapper:
         jit_args=None,
         jit_kwargs=None,
     ):
-        if jit_args is not None or jit_kwargs is not None:
-            raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
-        self._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
-        self._float_workspace_buffer = float_workspace_buffer
-        self._use_cuda_graph = use_cuda_graph
-        self._backend = backend
-        self._plan = None
+        _init_wrapper(
+            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, jit_kwargs)
+        )
 
     @flashinfer_api
     def plan(
@@ -352,7 +357,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         non_blocking : bool
             Accepted for compatibility.
         """
-        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+        plan = _prefill_plan_common(
             qo_indptr,
             num_qo_heads,
             num_kv_heads,
@@ -369,6 +374,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
+        qo_indptr = plan["qo_indptr"]
         kv_indptr = _index_tensor("paged_kv_indptr", paged_kv_indptr)
         kv_indices = _index_tensor("paged_kv_indices", paged_kv_indices)
         last_page_len = _index_tensor("paged_kv_last_page_len", paged_kv_last_page_len)
@@ -379,32 +385,15 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 f"{last_page_len.numel()} entries for {batch_size} requests (qo_indptr); "
                 "accepted: batch_size + 1 and batch_size"
             )
-        if page_size < 1:
-            raise ValueError(f"page_size: {page_size} is not accepted; accepted: >= 1")
-        mask, mask_indptr = _packed_mask(
-            custom_mask,
-            packed_custom_mask,
-            _lengths(qo_indptr),
-            _paged_kv_lens(kv_indptr, last_page_len, page_size),
-            False,
-        )
-        self._plan = dict(
-            qo_indptr=qo_indptr,
+        _check_page_size(page_size)
+        plan.update(
             kv_indptr=kv_indptr,
             kv_indices=kv_indices,
             kv_last_page_len=last_page_len,
-            mask=mask,
-            mask_indptr=mask_indptr,
-            causal=bool(causal) and mask is None,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
             page_size=page_size,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            o_dtype=o_dtype,
-            kwargs=kw,
         )
+        kv_lens = _paged_kv_lens(kv_indptr, last_page_len, page_size)
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens)
 
     @flashinfer_api
     def run(
@@ -446,38 +435,11 @@ class BatchPrefillWithPagedKVCacheWrapper:
         torch.Tensor or tuple of torch.Tensor
             The output, and lse when asked.
         """
-        _no_extra_args(args)
-        plan = self._plan
-        if plan is None:
-            raise RuntimeError("run: plan() must be called before run()")
+        plan = _planned(self, args)
         out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
-        k_cache, v_cache = _split_paged_kv_cache(paged_kv_cache, self._kv_layout)
-        _check_paged_cache(
-            k_cache, self._kv_layout, plan["num_kv_heads"], plan["page_size"], plan["head_dim"]
-        )
-        _check_planned_dtype("paged_kv_cache", k_cache, plan["kv_dtype"], "kv_data_type")
-        kw = dict(plan["kwargs"])
-        if window_left is not None:
-            kw["window_left"] = int(window_left)
-        kw["sm_scale"] = _final_scale(kw["sm_scale"], plan["head_dim"], q_scale, k_scale)
-        _attention(
-            q,
-            k_cache,
-            v_cache,
-            out,
-            lse,
-            plan["qo_indptr"],
-            plan["kv_indptr"],
-            kv_indices=plan["kv_indices"],
-            kv_last_page_len=plan["kv_last_page_len"],
-            mask=plan["mask"],
-            mask_indptr=plan["mask_indptr"],
-            causal=plan["causal"],
-            cache=plan.setdefault("device_copies", {}),
-            v_scale=_scale_value("v_scale", v_scale),
-            **kw,
-        )
-        return (out, lse) if return_lse else out
+        k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)
+        kw = _run_kwargs(plan, window_left, q_scale, k_scale)
+        return _run_planned(plan, q, k_cache, v_cache, out, lse, return_lse, v_scale, kw)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper:
@@ -511,13 +473,9 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         jit_args=None,
         jit_kwargs=None,
     ):
-        if jit_args is not None or jit_kwargs is not None:
-            raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
-        self._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
-        self._float_workspace_buffer = float_workspace_buffer
-        self._use_cuda_graph = use_cuda_graph
-        self._backend = backend
-        self._plan = None
+        _init_wrapper(
+            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, jit_kwargs)
+        )
 
     @flashinfer_api
     def plan(
@@ -564,7 +522,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         non_blocking : bool
             Accepted for compatibility.
         """
-        qo_indptr, kw, q_dtype, kv_dtype, o_dtype = _prefill_plan_common(
+        plan = _prefill_plan_common(
             qo_indptr,
             num_qo_heads,
             num_kv_heads,
@@ -581,29 +539,15 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
+        qo_indptr = plan["qo_indptr"]
         kv_indptr = _index_tensor("kv_indptr", kv_indptr)
         if kv_indptr.numel() != qo_indptr.numel():
             raise ValueError(
                 f"kv_indptr: {kv_indptr.numel()} entries but qo_indptr has "
                 f"{qo_indptr.numel()}; accepted: the same batch_size + 1"
             )
-        mask, mask_indptr = _packed_mask(
-            custom_mask, packed_custom_mask, _lengths(qo_indptr), _lengths(kv_indptr), False
-        )
-        self._plan = dict(
-            qo_indptr=qo_indptr,
-            kv_indptr=kv_indptr,
-            mask=mask,
-            mask_indptr=mask_indptr,
-            causal=bool(causal) and mask is None,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim_qk,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            o_dtype=o_dtype,
-            kwargs=kw,
-        )
+        plan["kv_indptr"] = kv_indptr
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, _lengths(kv_indptr))
 
     @flashinfer_api
     def run(
@@ -642,10 +586,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         torch.Tensor or tuple of torch.Tensor
             The output, and lse when asked.
         """
-        _no_extra_args(args)
-        plan = self._plan
-        if plan is None:
-            raise RuntimeError("run: plan() must be called before run()")
+        plan = _planned(self, args)
         out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
         _check_tensor("k", k, 3)
         _check_tensor("v", v, 3)
@@ -656,21 +597,5 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                 f"k: {heads} kv heads in layout {self._kv_layout}; planned num_kv_heads "
                 f"{plan['num_kv_heads']}"
             )
-        kw = dict(plan["kwargs"])
-        kw["sm_scale"] = _final_scale(kw["sm_scale"], plan["head_dim"], q_scale, k_scale)
-        _attention(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            plan["qo_indptr"],
-            plan["kv_indptr"],
-            mask=plan["mask"],
-            mask_indptr=plan["mask_indptr"],
-            causal=plan["causal"],
-            cache=plan.setdefault("device_copies", {}),
-            v_scale=_scale_value("v_scale", v_scale),
-            **kw,
-        )
-        return (out, lse) if return_lse else out
+        kw = _run_kwargs(plan, None, q_scale, k_scale)
+        return _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw)
