@@ -426,11 +426,29 @@ static int check_all(attention_args *a, fi_attention_params *p, const char *layo
 #ifdef FI_WITH_CUDA
 #define NUM_INDEX_ARRAYS 5
 
-/* CUDA tensors: the index arrays are copied to the host and checked there exactly as on
- * the CPU (a bad page index must not reach the kernel), then the kernel is launched on
- * the given stream with the device copies. Capturing a CUDA graph is refused: the
- * copy would synchronise the stream. */
-static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, const char *layout,
+/* CUDA tensors: the index arrays are checked on the host exactly as on the CPU (a bad
+ * page index must not reach the kernel), then the kernel is launched on the given
+ * stream with the device arrays. The host arrays are the CPU tensors a plan() keeps
+ * (host_index, same order as NUM_INDEX_ARRAYS) when given, else device-to-host
+ * copies; those synchronise the stream, so under CUDA graph capture every index
+ * array must come with its host copy. */
+
+/* The CPU int32 twin of a device index array, or NULL (with no error) when t is not one. */
+static int32_t *host_twin(PyObject *t, const arg_tensor *device_array)
+{
+    fi_tensor h;
+    if (!t || t == Py_None || !fi_is_tensor(t) || fi_tensor_from_py(t, &h) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    int contiguous = h.ndim == 1 && (h.shape[0] <= 1 || h.stride[0] == 1);
+    if (h.device_type != FI_DEVICE_CPU || h.dtype != FI_DTYPE_I32 || !contiguous ||
+        device_array->t.ndim != 1 || h.shape[0] != device_array->t.shape[0])
+        return NULL;
+    return h.data;
+}
+static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObject *host_index,
+                                const char *layout,
                                 const char *pos_mode, int causal, long long window_left,
                                 double cap, double sm_scale, double v_scale,
                                 double rope_scale, double rope_theta)
@@ -450,23 +468,30 @@ static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, const c
         PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
         return NULL;
     }
-    if (capturing) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "attention: the stream is capturing a CUDA graph; this build checks "
-                        "the index arrays on the host before each launch, which cannot be "
-                        "captured");
-        return NULL;
-    }
     arg_tensor *idx[NUM_INDEX_ARRAYS] = {&a->qo_indptr, &a->kv_indptr, &a->kv_indices,
                                          &a->kv_last_page_len, &a->mask_indptr};
     void *device_data[NUM_INDEX_ARRAYS] = {NULL};
     int32_t *host[NUM_INDEX_ARRAYS] = {NULL};
     PyObject *result = NULL;
+    int with_twins = PyTuple_Check(host_index) && PyTuple_GET_SIZE(host_index) == NUM_INDEX_ARRAYS;
     for (int i = 0; i < NUM_INDEX_ARRAYS; i++) {
         if (!idx[i]->obj)
             continue;
         if (check_index_array(idx[i], -1) < 0)
             goto done;
+        int32_t *twin = with_twins ? host_twin(PyTuple_GET_ITEM(host_index, i), idx[i]) : NULL;
+        if (twin) {
+            device_data[i] = idx[i]->t.data;
+            idx[i]->t.data = twin;
+            continue;
+        }
+        if (capturing) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "attention: the stream is capturing a CUDA graph and %s has no host "
+                         "copy to check; call plan() before capturing and run() inside it",
+                         idx[i]->name);
+            goto done;
+        }
         size_t count = (size_t)idx[i]->t.shape[0];
         host[i] = PyMem_Malloc((count ? count : 1) * sizeof(int32_t));
         if (!host[i]) {
@@ -532,14 +557,17 @@ PyDoc_STRVAR(attention_doc,
              "          kv_last_page_len=None, mask=None, mask_indptr=None, kv_layout='NHD',\n"
              "          causal=False, window_left=-1, logits_soft_cap=0.0, sm_scale=nan,\n"
              "          v_scale=1.0, pos_encoding_mode='NONE', rope_scale=1.0,\n"
-             "          rope_theta=1e4, num_threads=1, stream=None)\n--\n\n"
+             "          rope_theta=1e4, num_threads=1, stream=None, host_index=None)\n--\n\n"
              "Batched attention, written into out (and lse when given). CPU tensors, or\n"
              "(built with CUDA kernels) CUDA tensors all on one device, launched on stream\n"
              "(the integer torch.cuda.current_stream().cuda_stream; None: default stream).\n"
              "q/out [total_qo, Hq, D]; k/v ragged [total_kv, Hkv, D] (NHD) or paged\n"
              "[num_pages, page_size, Hkv, D] when kv_indices is given; int32 indptrs;\n"
              "mask: uint8 bits (little-endian) per request from byte mask_indptr[b].\n"
-             "sm_scale nan means 1/sqrt(D); it must already include q and k scales.");
+             "sm_scale nan means 1/sqrt(D); it must already include q and k scales.\n"
+             "host_index: CPU int32 twins of (qo_indptr, kv_indptr, kv_indices,\n"
+             "kv_last_page_len, mask_indptr) for CUDA tensors: checked instead of reading\n"
+             "the device arrays back, which keeps run() capturable in a CUDA graph.");
 
 static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -548,21 +576,22 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
                              "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
                              "kv_layout", "causal", "window_left", "logits_soft_cap",
                              "sm_scale", "v_scale", "pos_encoding_mode", "rope_scale",
-                             "rope_theta", "num_threads", "stream", NULL};
+                             "rope_theta", "num_threads", "stream", "host_index", NULL};
     attention_args a;
     memset(&a, 0, sizeof(a));
     PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
-             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None;
+             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None,
+             *host_index = Py_None;
     const char *layout = "NHD", *pos_mode = "NONE";
     int causal = 0, num_threads = 1;
     long long window_left = -1;
     double cap = 0.0, sm_scale = NAN, v_scale = 1.0, rope_scale = 1.0, rope_theta = 1e4;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddiO", kwlist, &a.q.obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddiOO", kwlist, &a.q.obj,
                                      &a.k.obj, &a.v.obj, &a.out.obj, &lse, &a.qo_indptr.obj,
                                      &a.kv_indptr.obj, &kv_indices, &last_page_len, &mask,
                                      &mask_indptr, &layout, &causal, &window_left, &cap,
                                      &sm_scale, &v_scale, &pos_mode, &rope_scale, &rope_theta,
-                                     &num_threads, &stream_obj))
+                                     &num_threads, &stream_obj, &host_index))
         return NULL;
     int paged = kv_indices != Py_None;
     if (paged != (last_page_len != Py_None)) {
@@ -608,7 +637,8 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
 
     if (a.q.t.device_type == FI_DEVICE_CUDA) {
 #ifdef FI_WITH_CUDA
-        return attention_cuda(&a, stream_obj, layout, pos_mode, causal, window_left, cap,
+        return attention_cuda(&a, stream_obj, host_index, layout, pos_mode, causal, window_left,
+                              cap,
                               sm_scale, v_scale, rope_scale, rope_theta);
 #endif
     }

@@ -169,6 +169,14 @@ def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, cache=None, **kwargs):
     and the kernel runs on the current stream of q's device.
     """
     if q.device.type == "cuda":
+        # the CPU index arrays are the host twins the C side checks without reading the
+        # device copies back (no sync: run() stays capturable in a CUDA graph)
+        host = (qo_indptr, kv_indptr) + tuple(
+            kwargs.get(name) for name in ("kv_indices", "kv_last_page_len", "mask_indptr")
+        )
+        kwargs["host_index"] = tuple(
+            t if isinstance(t, torch.Tensor) and t.device.type == "cpu" else None for t in host
+        )
         qo_indptr = _on_device("qo_indptr", qo_indptr, q.device, cache)
         kv_indptr = _on_device("kv_indptr", kv_indptr, q.device, cache)
         for name in ("kv_indices", "kv_last_page_len", "mask", "mask_indptr"):
@@ -229,14 +237,24 @@ def _kv_len(k, kv_layout):
 def _run_single(q, k, v, out, return_lse, **kwargs):
     """One request's attention (q ``[qo_len, num_qo_heads, head_dim]``); its lse or None."""
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    qo_len, kv_len = q.shape[0], _kv_len(k, kwargs["kv_layout"])
+    cache = None
+    if q.device.type == "cuda":
+        # [0, n] made on the device by a kernel, not copied from the host: capturable
+        steps = torch.arange(2, dtype=torch.int32, device=q.device)
+        cache = {
+            ("qo_indptr", str(q.device)): steps * qo_len,
+            ("kv_indptr", str(q.device)): steps * kv_len,
+        }
     _attention(
         q,
         k,
         v,
         out,
         lse,
-        torch.tensor([0, q.shape[0]], dtype=torch.int32),
-        torch.tensor([0, _kv_len(k, kwargs["kv_layout"])], dtype=torch.int32),
+        torch.tensor([0, qo_len], dtype=torch.int32),
+        torch.tensor([0, kv_len], dtype=torch.int32),
+        cache=cache,
         **kwargs,
     )
     return lse

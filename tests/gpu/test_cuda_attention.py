@@ -221,11 +221,276 @@ def test_bad_page_index_on_cuda_is_a_value_error():
         )
 
 
-def test_capture_is_refused_with_a_message():
+def test_single_decode_is_captured_and_replayed_in_a_cuda_graph():
     q = torch.randn(4, 64, dtype=torch.float16, device="cuda")
     k = torch.randn(50, 4, 64, dtype=torch.float16, device="cuda")
-    flashinfer.single_decode_with_kv_cache(q, k, k)
+    expected = flashinfer.single_decode_with_kv_cache(q, k, k)
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="capturing a CUDA graph"):
+    with torch.cuda.graph(g):
+        out = flashinfer.single_decode_with_kv_cache(q, k, k)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_batch_decode_run_is_captured_after_plan():
+    torch.manual_seed(0)
+    page_size, num_pages, batch = 16, 12, 3
+    kv = torch.randn(num_pages, 2, page_size, 4, 64, dtype=torch.float16, device="cuda")
+    q = torch.randn(batch, 8, 64, dtype=torch.float16, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    )
+    wrapper.plan(
+        torch.tensor([0, 4, 8, 12], dtype=torch.int32),
+        torch.arange(12, dtype=torch.int32),
+        torch.tensor([16, 3, 9], dtype=torch.int32),
+        8,
+        4,
+        64,
+        page_size,
+    )
+    expected = wrapper.run(q, kv)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = wrapper.run(q, kv)
+    q.mul_(0.5)
+    expected = wrapper.run(q, kv)
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+"""CUDA attention against the CPU kernel (same semantics) and the torch reference."""
+
+import pytest
+import torch
+from attention_reference import attention as reference
+
+import flashinfer
+from flashinfer import _C
+
+TOL = dict(atol=2e-3, rtol=2e-3)
+
+
+def cuda(*ts):
+    return [t.cuda() if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def assert_close(got, want, **tol):
+    if isinstance(want, tuple):
+        for g, w in zip(got, want):
+            assert_close(g, w, **tol)
+        return
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu().float(), want.float(), **(tol or TOL))
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_single_decode_matches_cpu(layout, dtype, head_dim):
+    torch.manual_seed(0)
+    kv_len = 300
+    q = torch.randn(8, head_dim).to(dtype)
+    shape = (kv_len, 2, head_dim) if layout == "NHD" else (2, kv_len, head_dim)
+    k, v = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    want = flashinfer.single_decode_with_kv_cache(q, k, v, kv_layout=layout, return_lse=True)
+    got = flashinfer.single_decode_with_kv_cache(*cuda(q, k, v), kv_layout=layout, return_lse=True)
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else TOL
+    assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("kv_len", [4096, 33000])
+def test_single_decode_split_kv_long_context(kv_len):
+    torch.manual_seed(1)
+    q = torch.randn(32, 128, dtype=torch.float16)
+    k = torch.randn(kv_len, 8, 128, dtype=torch.float16)
+    v = torch.randn(kv_len, 8, 128, dtype=torch.float16)
+    o, lse = flashinfer.single_decode_with_kv_cache(*cuda(q, k, v), return_lse=True)
+    ro, rlse = reference(q.unsqueeze(0), k, v)
+    assert_close(o, ro[0].to(torch.float16))
+    torch.testing.assert_close(lse.cpu(), rlse[0], atol=1e-3, rtol=1e-4)
+
+
+def test_batch_decode_batch_one_long_context_with_fp8_kv():
+    torch.manual_seed(2)
+    page_size, pages = 16, 1000
+    kc = torch.randn(pages, page_size, 4, 128).to(torch.float8_e4m3fn)
+    vc = torch.randn(pages, page_size, 4, 128).to(torch.float8_e4m3fn)
+    indptr = torch.tensor([0, pages], dtype=torch.int32)
+    indices = torch.randperm(pages).to(torch.int32)
+    last = torch.tensor([7], dtype=torch.int32)
+    q = torch.randn(1, 16, 128, dtype=torch.float16)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1, device=dev))
+        w.plan(
+            indptr,
+            indices,
+            last,
+            16,
+            4,
+            128,
+            page_size,
+            q_data_type=torch.float16,
+            kv_data_type=torch.float8_e4m3fn,
+        )
+        outs.append(
+            w.run(q.to(dev), (kc.to(dev), vc.to(dev)), k_scale=0.5, v_scale=2.0, return_lse=True)
+        )
+    assert_close(outs[1], outs[0])
+
+
+def test_batch_decode_run_twice_reuses_plan():
+    torch.manual_seed(3)
+    kc = torch.randn(20, 8, 2, 64, dtype=torch.float16, device="cuda")
+    vc = torch.randn(20, 8, 2, 64, dtype=torch.float16, device="cuda")
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1, device="cuda"))
+    w.plan(
+        torch.tensor([0, 5, 5, 20], dtype=torch.int32),
+        torch.arange(20, dtype=torch.int32),
+        torch.tensor([3, 0, 8], dtype=torch.int32),
+        4,
+        2,
+        64,
+        8,
+    )
+    q = torch.randn(3, 4, 64, dtype=torch.float16, device="cuda")
+    a, lse = w.run(q, (kc, vc), return_lse=True)
+    b = w.run(q, (kc, vc))
+    assert torch.equal(a, b)
+    assert torch.equal(a[1].cpu(), torch.zeros(4, 64, dtype=torch.float16))
+    assert torch.isneginf(lse[1].cpu()).all()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(causal=True),
+        dict(causal=True, window_left=20),
+        dict(logits_soft_cap=30.0),
+        dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5),
+        dict(causal=True, pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0),
+    ],
+)
+def test_single_prefill_matches_cpu(kw):
+    torch.manual_seed(4)
+    q = torch.randn(77, 8, 128, dtype=torch.float16)
+    k = torch.randn(200, 2, 128, dtype=torch.float16)
+    v = torch.randn(200, 2, 128, dtype=torch.float16)
+    want = flashinfer.single_prefill_with_kv_cache(q, k, v, return_lse=True, **kw)
+    got = flashinfer.single_prefill_with_kv_cache(*cuda(q, k, v), return_lse=True, **kw)
+    assert_close(got, want)
+
+
+def test_single_prefill_custom_mask_matches_reference():
+    torch.manual_seed(5)
+    q = torch.randn(33, 4, 64, dtype=torch.float16)
+    k = torch.randn(90, 4, 64, dtype=torch.float16)
+    v = torch.randn(90, 4, 64, dtype=torch.float16)
+    mask = torch.rand(33, 90) > 0.3
+    got = flashinfer.single_prefill_with_kv_cache(*cuda(q, k, v), custom_mask=mask.cuda())
+    ro, _ = reference(q, k, v, mask=mask)
+    assert_close(got, ro.to(torch.float16))
+
+
+def test_prefill_rows_that_see_no_key_are_zero_with_minus_inf_lse():
+    q = torch.randn(10, 2, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(4, 2, 64, dtype=torch.float16, device="cuda")
+    o, lse = flashinfer.single_prefill_with_kv_cache(q, k, k, causal=True, return_lse=True)
+    assert torch.equal(o[:6].cpu(), torch.zeros(6, 2, 64, dtype=torch.float16))
+    assert torch.isneginf(lse[:6].cpu()).all()
+    assert torch.isfinite(lse[6:].cpu()).all()
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_batch_prefill_paged_matches_cpu(layout):
+    torch.manual_seed(6)
+    qo_indptr = torch.tensor([0, 5, 5, 40, 41], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 3, 4, 10, 30], dtype=torch.int32)
+    indices = torch.randperm(40)[:30].to(torch.int32)
+    last = torch.tensor([2, 16, 9, 1], dtype=torch.int32)
+    shape = (40, 16, 2, 64) if layout == "NHD" else (40, 2, 16, 64)
+    kc, vc = torch.randn(shape).half(), torch.randn(shape).half()
+    q = torch.randn(41, 6, 64).half()
+    outs = []
+    for dev in ("cpu", "cuda"):
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(1, device=dev), kv_layout=layout
+        )
+        w.plan(qo_indptr, kv_indptr, indices, last, 6, 2, 64, 16, causal=True)
+        outs.append(w.run(q.to(dev), (kc.to(dev), vc.to(dev)), return_lse=True))
+    assert_close(outs[1], outs[0])
+
+
+def test_batch_prefill_ragged_matches_cpu():
+    torch.manual_seed(7)
+    qo_indptr = torch.tensor([0, 100, 101, 164], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 100, 700, 800], dtype=torch.int32)
+    q = torch.randn(164, 4, 128).bfloat16()
+    k, v = torch.randn(800, 4, 128).bfloat16(), torch.randn(800, 4, 128).bfloat16()
+    outs = []
+    for dev in ("cpu", "cuda"):
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1, device=dev))
+        w.plan(qo_indptr, kv_indptr, 4, 4, 128, causal=True, q_data_type=torch.bfloat16)
+        outs.append(w.run(q.to(dev), k.to(dev), v.to(dev), return_lse=True))
+    assert_close(outs[1], outs[0], atol=1e-2, rtol=1e-2)
+
+
+def test_runs_on_the_current_stream():
+    q = torch.randn(4, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(5000, 4, 64, dtype=torch.float16, device="cuda")
+    want = flashinfer.single_decode_with_kv_cache(q, k, k)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = flashinfer.single_decode_with_kv_cache(q, k, k)
+    s.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_mixed_devices_name_the_argument():
+    q = torch.randn(1, 2, 64, device="cuda")
+    k = torch.randn(4, 2, 64, device="cuda")
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="qo_indptr is on cpu:0 but q is on cuda:0"):
+        _C.attention(
+            q,
+            k,
+            k,
+            out,
+            None,
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([0, 4], dtype=torch.int32).cuda(),
+        )
+
+
+def test_bad_page_index_on_cuda_is_a_value_error():
+    kc = torch.randn(2, 4, 1, 64, device="cuda")
+    q = torch.randn(1, 1, 64, device="cuda")
+    i32 = dict(dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"kv_indices\[0\] is 7"):
+        _C.attention(
+            q,
+            kc,
+            kc,
+            torch.empty_like(q),
+            None,
+            torch.tensor([0, 1], **i32),
+            torch.tensor([0, 1], **i32),
+            kv_indices=torch.tensor([7], **i32),
+            kv_last_page_len=torch.tensor([1], **i32),
+        )
+
+
+def test_capture_without_host_index_copies_is_refused_with_a_message():
+    q = torch.randn(1, 4, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(50, 4, 64, dtype=torch.float16, device="cuda")
+    indptr_q = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    indptr_kv = torch.tensor([0, 50], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="capturing a CUDA graph and qo_indptr has no host"):
         with torch.cuda.graph(g):
-            flashinfer.single_decode_with_kv_cache(q, k, k)
+            _C.attention(q, k, k, out, None, indptr_q, indptr_kv)
