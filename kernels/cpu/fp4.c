@@ -124,14 +124,38 @@ int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p)
     return 0;
 }
 
+/* Tables built once per call: both E2M1 values of a packed byte, and every scale code. */
 typedef struct {
     const fi_gemm_fp4_params *p;
     int64_t kblocks;
+    float pair[256][2];
+    float scale[256];
 } fp4_ctx;
 
-static float block_scale(const fi_gemm_fp4_params *p, uint8_t code)
+/* dst[0..kc) = the E2M1 codes of one row (a) or column (b) times their block scales:
+ * bytes src[0], src[sk], ...; scales sf[offset(line, block)]. */
+static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const uint8_t *sf,
+                         int64_t line, int64_t k0, int64_t kc, float *dst)
 {
-    return p->sf_ue8m0 ? ue8m0_to_f32(code) : fi_e4m3fn_to_f32(code);
+    const fi_gemm_fp4_params *p = c->p;
+    int64_t bs = p->block_size;
+    for (int64_t kk = 0; kk < kc; kk += bs) {
+        int64_t kg = k0 + kk;
+        float s = c->scale[sf[fi_sf_offset(line, kg / bs, c->kblocks, p->sf_layout)]];
+        const uint8_t *at = src + (kg / 2) * sk;
+        float *d = dst + kk;
+        if (sk == 1) {
+            for (int64_t e = 0; e < bs / 2; e++) {
+                d[2 * e] = c->pair[at[e]][0] * s;
+                d[2 * e + 1] = c->pair[at[e]][1] * s;
+            }
+        } else {
+            for (int64_t e = 0; e < bs / 2; e++) {
+                d[2 * e] = c->pair[at[e * sk]][0] * s;
+                d[2 * e + 1] = c->pair[at[e * sk]][1] * s;
+            }
+        }
+    }
 }
 
 static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc, float *dst)
@@ -139,17 +163,8 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    const uint8_t *row = (const uint8_t *)p->a.data + i * p->a.stride[0];
-    int64_t sk = p->a.stride[1], bs = p->block_size;
-    for (int64_t kk = 0; kk < kc; kk += bs) {
-        int64_t kg = k0 + kk;
-        float sf = block_scale(p, p->a_sf[fi_sf_offset(i, kg / bs, c->kblocks, p->sf_layout)]);
-        for (int64_t e = 0; e < bs; e += 2) {
-            uint8_t byte = row[((kg + e) / 2) * sk];
-            dst[kk + e] = fi_e2m1_to_f32(byte & 15) * sf;
-            dst[kk + e + 1] = fi_e2m1_to_f32(byte >> 4) * sf;
-        }
-    }
+    dequant_line(c, (const uint8_t *)p->a.data + i * p->a.stride[0], p->a.stride[1], p->a_sf, i,
+                 k0, kc, dst);
 }
 
 static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc, float *dst)
@@ -157,23 +172,19 @@ static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    const uint8_t *col = (const uint8_t *)p->b.data + j * p->b.stride[1];
-    int64_t sk = p->b.stride[0], bs = p->block_size;
-    for (int64_t kk = 0; kk < kc; kk += bs) {
-        int64_t kg = k0 + kk;
-        float sf = block_scale(p, p->b_sf[fi_sf_offset(j, kg / bs, c->kblocks, p->sf_layout)]);
-        for (int64_t e = 0; e < bs; e += 2) {
-            uint8_t byte = col[((kg + e) / 2) * sk];
-            dst[kk + e] = fi_e2m1_to_f32(byte & 15) * sf;
-            dst[kk + e + 1] = fi_e2m1_to_f32(byte >> 4) * sf;
-        }
-    }
+    dequant_line(c, (const uint8_t *)p->b.data + j * p->b.stride[1], p->b.stride[0], p->b_sf, j,
+                 k0, kc, dst);
 }
 
 int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)
 {
     int64_t k = p->a.shape[1] * 2;
     fp4_ctx ctx = {.p = p, .kblocks = k / p->block_size};
+    for (int v = 0; v < 256; v++) {
+        ctx.pair[v][0] = fi_e2m1_to_f32((uint8_t)(v & 15));
+        ctx.pair[v][1] = fi_e2m1_to_f32((uint8_t)(v >> 4));
+        ctx.scale[v] = p->sf_ue8m0 ? ue8m0_to_f32((uint8_t)v) : fi_e4m3fn_to_f32((uint8_t)v);
+    }
     fi_tiled_gemm g = {
         .batch = 1,
         .m = p->a.shape[0],

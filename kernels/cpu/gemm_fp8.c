@@ -23,6 +23,11 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
     const uint8_t *src = (const uint8_t *)a->data + bi * a->stride[0] + i * a->stride[1] +
                          k0 * a->stride[2];
     int64_t sk = a->stride[2];
+    if (sk == 1) {
+        for (int64_t kk = 0; kk < kc; kk++)
+            dst[kk] = c->lut_a[src[kk]];
+        return;
+    }
     for (int64_t kk = 0; kk < kc; kk++)
         dst[kk] = c->lut_a[src[kk * sk]];
 }
@@ -35,6 +40,11 @@ static void col_b_strided(const void *ctx, int64_t bi, int64_t j, int64_t k0, in
     const uint8_t *src = (const uint8_t *)b->data + bi * b->stride[0] + k0 * b->stride[1] +
                          j * b->stride[2];
     int64_t sk = b->stride[1];
+    if (sk == 1) { /* column-major B: a contiguous run */
+        for (int64_t kk = 0; kk < kc; kk++)
+            dst[kk] = c->lut_b[src[kk]];
+        return;
+    }
     for (int64_t kk = 0; kk < kc; kk++)
         dst[kk] = c->lut_b[src[kk * sk]];
 }
@@ -46,11 +56,20 @@ static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int6
     (void)bi;
     const fp8_ctx *c = ctx;
     const fi_tensor *b = &c->p->b;
-    for (int64_t kk = 0; kk < kc; kk++) {
-        int64_t kg = k0 + kk;
+    int64_t s2 = b->stride[2];
+    for (int64_t kk = 0; kk < kc;) { /* one run within a 128-block at a time */
+        int64_t kg = k0 + kk, run = 128 - kg % 128;
+        if (run > kc - kk)
+            run = kc - kk;
         const uint8_t *src = (const uint8_t *)b->data + (kg / 128) * b->stride[0] +
-                             j * b->stride[1] + (kg % 128) * b->stride[2];
-        dst[kk] = c->lut_b[*src];
+                             j * b->stride[1] + (kg % 128) * s2;
+        if (s2 == 1)
+            for (int64_t e = 0; e < run; e++)
+                dst[kk + e] = c->lut_b[src[e]];
+        else
+            for (int64_t e = 0; e < run; e++)
+                dst[kk + e] = c->lut_b[src[e * s2]];
+        kk += run;
     }
 }
 
