@@ -16,7 +16,7 @@
 
 /* Register tile MR x NR (NR is the micro-kernel's: 16, or 32 with AVX-512), cache tiles
  * MC x NC x KC (the A block stays in L2, one B strip of KC x NR in L1). */
-enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 256, KC = 256 };
+enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 512, KC = 256 };
 
 typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc);
 
@@ -444,11 +444,16 @@ int fi_tiled_gemm_run(const fi_tiled_gemm *g)
         st.tiles_m = 1;
         st.tiles_n = (g->n + st.cols_per_unit - 1) / st.cols_per_unit;
     } else {
-        /* row chunks as tall as MB_MAX, shrunk by MC while that leaves threads idle */
+        /* rows split into equal chunks of at most MB_MAX (a multiple of MR), more of them
+         * while there are fewer than two units per thread */
         st.tiles_n = (g->n + NC - 1) / NC;
-        st.mb = MB_MAX;
-        while (st.mb > MC && g->batch * ((g->m + st.mb - 1) / st.mb) * st.tiles_n < 2 * want)
-            st.mb -= MC;
+        int64_t chunks = (g->m + MB_MAX - 1) / MB_MAX;
+        for (;;) {
+            st.mb = ((g->m + chunks - 1) / chunks + MR - 1) / MR * MR;
+            if (st.mb <= MC || g->batch * chunks * st.tiles_n >= 2 * want)
+                break;
+            chunks++;
+        }
         st.tiles_m = (g->m + st.mb - 1) / st.mb;
     }
     st.total = g->batch * st.tiles_m * st.tiles_n;
