@@ -110,7 +110,7 @@ static micro_fn pick_micro(int *nr)
  * strip); each B k-block is dequantized and packed once per unit and reused by every MC
  * tile of the chunk. Small m (<= SMALL_M): a unit is (batch, run of cols_per_unit
  * columns), B is walked once and dotted against the dequantized rows of A. */
-enum { MB_MAX = 8 * MC, SMALL_M = 16, LANES = 16, SMALL_KC = 512 };
+enum { MB_MAX = 8 * MC, SMALL_M = 16, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
 
 typedef struct {
     const fi_tiled_gemm *g;
@@ -139,7 +139,7 @@ static int scratch_init(const shared_state *st, scratch *s)
         s->ap = alloc_floats((size_t)g->m * (size_t)st->kp);
         s->bp = NULL;
         s->c = NULL;
-        s->tmp = alloc_floats(SMALL_KC);
+        s->tmp = alloc_floats((size_t)SMALL_NJ * SMALL_KC);
         if (s->ap && s->tmp)
             return 0;
     } else {
@@ -371,22 +371,29 @@ static void run_small(shared_state *st, int64_t t, scratch *s, small_dot_fn dot)
         }
         s->a_batch = bi;
     }
-    float acc[SMALL_M][LANES];
-    for (int64_t j = j0; j < j0 + cols; j++) {
+    /* SMALL_NJ neighbouring columns share each k-chunk, so B is read in longer runs */
+    float acc[SMALL_NJ][SMALL_M][LANES];
+    for (int64_t jg = j0; jg < j0 + cols; jg += SMALL_NJ) {
+        int64_t nj = j0 + cols - jg < SMALL_NJ ? j0 + cols - jg : SMALL_NJ;
         memset(acc, 0, sizeof(acc));
         for (int64_t k0 = 0; k0 < g->k; k0 += SMALL_KC) {
             int64_t kc = g->k - k0 < SMALL_KC ? g->k - k0 : SMALL_KC;
             int64_t kcp = (kc + LANES - 1) / LANES * LANES;
-            g->col_b(g->ctx, bi, j, k0, kc, s->tmp);
-            memset(s->tmp + kc, 0, (size_t)(kcp - kc) * sizeof(float));
-            dot(g->m, kcp, s->ap + k0, kp, s->tmp, acc);
+            for (int64_t c = 0; c < nj; c++) {
+                float *bt = s->tmp + c * SMALL_KC;
+                g->col_b(g->ctx, bi, jg + c, k0, kc, bt);
+                memset(bt + kc, 0, (size_t)(kcp - kc) * sizeof(float));
+            }
+            for (int64_t c = 0; c < nj; c++)
+                dot(g->m, kcp, s->ap + k0, kp, s->tmp + c * SMALL_KC, acc[c]);
         }
-        for (int64_t r = 0; r < g->m; r++) {
-            float sum = 0.0f;
-            for (int e = 0; e < LANES; e++)
-                sum += acc[r][e];
-            store_value(g, (bi * g->m + r) * g->n + j, sum);
-        }
+        for (int64_t c = 0; c < nj; c++)
+            for (int64_t r = 0; r < g->m; r++) {
+                float sum = 0.0f;
+                for (int e = 0; e < LANES; e++)
+                    sum += acc[c][r][e];
+                store_value(g, (bi * g->m + r) * g->n + jg + c, sum);
+            }
     }
 }
 
