@@ -1,5 +1,5 @@
 /* gemm_tiled.c: float32 cache-blocked GEMM over callbacks that dequantize A rows and
- * B columns into packed panels; an AVX2/FMA micro-kernel where the CPU has one. */
+ * B columns into packed panels (AVX-512 / AVX2 micro-kernels), and a direct path for m <= 16. */
 #include "gemm_tiled.h"
 
 #include <pthread.h>
