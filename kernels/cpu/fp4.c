@@ -124,14 +124,73 @@ int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p)
     return 0;
 }
 
+/* Tables built once per call: both E2M1 values of a packed byte, and every scale code. */
 typedef struct {
     const fi_gemm_fp4_params *p;
     int64_t kblocks;
+    int simd; /* AVX-512 decoding of contiguous lines */
+    float pair[256][2];
+    float scale[256];
+    float value[16];
 } fp4_ctx;
 
-static float block_scale(const fi_gemm_fp4_params *p, uint8_t code)
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define FI_HAVE_SIMD_DECODE 1
+
+/* The contiguous case of dequant_line, 16 values per step: each byte doubled, the odd
+ * copies shifted down a nibble, and the 16-entry value table indexed by the low 4 bits
+ * (the same products as the tables give). bs is a multiple of 16. */
+__attribute__((target("avx512f"))) static void dequant_contig_avx512(
+    const float *value, const float *scale, const uint8_t *src, const uint8_t *sf,
+    const fi_gemm_fp4_params *p, int64_t kblocks, int64_t line, int64_t k0, int64_t kc,
+    float *dst)
 {
-    return p->sf_ue8m0 ? ue8m0_to_f32(code) : fi_e4m3fn_to_f32(code);
+    const __m512 table = _mm512_loadu_ps(value);
+    const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
+    int64_t bs = p->block_size;
+    for (int64_t kk = 0; kk < kc; kk += bs) {
+        int64_t kg = k0 + kk;
+        __m512 s = _mm512_set1_ps(scale[sf[fi_sf_offset(line, kg / bs, kblocks, p->sf_layout)]]);
+        for (int64_t e = 0; e < bs; e += 16) {
+            __m128i x = _mm_loadl_epi64((const __m128i *)(src + (kg + e) / 2));
+            __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(x, x)), shift);
+            _mm512_storeu_ps(dst + kk + e, _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), s));
+        }
+    }
+}
+#endif
+
+/* dst[0..kc) = the E2M1 codes of one row (a) or column (b) times their block scales:
+ * bytes src[0], src[sk], ...; scales sf[offset(line, block)]. */
+static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const uint8_t *sf,
+                         int64_t line, int64_t k0, int64_t kc, float *dst)
+{
+    const fi_gemm_fp4_params *p = c->p;
+    int64_t bs = p->block_size;
+#ifdef FI_HAVE_SIMD_DECODE
+    if (sk == 1 && c->simd) {
+        dequant_contig_avx512(c->value, c->scale, src, sf, p, c->kblocks, line, k0, kc, dst);
+        return;
+    }
+#endif
+    for (int64_t kk = 0; kk < kc; kk += bs) {
+        int64_t kg = k0 + kk;
+        float s = c->scale[sf[fi_sf_offset(line, kg / bs, c->kblocks, p->sf_layout)]];
+        const uint8_t *at = src + (kg / 2) * sk;
+        float *d = dst + kk;
+        if (sk == 1) {
+            for (int64_t e = 0; e < bs / 2; e++) {
+                d[2 * e] = c->pair[at[e]][0] * s;
+                d[2 * e + 1] = c->pair[at[e]][1] * s;
+            }
+        } else {
+            for (int64_t e = 0; e < bs / 2; e++) {
+                d[2 * e] = c->pair[at[e * sk]][0] * s;
+                d[2 * e + 1] = c->pair[at[e * sk]][1] * s;
+            }
+        }
+    }
 }
 
 static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc, float *dst)
@@ -139,17 +198,8 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    const uint8_t *row = (const uint8_t *)p->a.data + i * p->a.stride[0];
-    int64_t sk = p->a.stride[1], bs = p->block_size;
-    for (int64_t kk = 0; kk < kc; kk += bs) {
-        int64_t kg = k0 + kk;
-        float sf = block_scale(p, p->a_sf[fi_sf_offset(i, kg / bs, c->kblocks, p->sf_layout)]);
-        for (int64_t e = 0; e < bs; e += 2) {
-            uint8_t byte = row[((kg + e) / 2) * sk];
-            dst[kk + e] = fi_e2m1_to_f32(byte & 15) * sf;
-            dst[kk + e + 1] = fi_e2m1_to_f32(byte >> 4) * sf;
-        }
-    }
+    dequant_line(c, (const uint8_t *)p->a.data + i * p->a.stride[0], p->a.stride[1], p->a_sf, i,
+                 k0, kc, dst);
 }
 
 static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc, float *dst)
@@ -157,23 +207,24 @@ static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    const uint8_t *col = (const uint8_t *)p->b.data + j * p->b.stride[1];
-    int64_t sk = p->b.stride[0], bs = p->block_size;
-    for (int64_t kk = 0; kk < kc; kk += bs) {
-        int64_t kg = k0 + kk;
-        float sf = block_scale(p, p->b_sf[fi_sf_offset(j, kg / bs, c->kblocks, p->sf_layout)]);
-        for (int64_t e = 0; e < bs; e += 2) {
-            uint8_t byte = col[((kg + e) / 2) * sk];
-            dst[kk + e] = fi_e2m1_to_f32(byte & 15) * sf;
-            dst[kk + e + 1] = fi_e2m1_to_f32(byte >> 4) * sf;
-        }
-    }
+    dequant_line(c, (const uint8_t *)p->b.data + j * p->b.stride[1], p->b.stride[0], p->b_sf, j,
+                 k0, kc, dst);
 }
 
 int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)
 {
     int64_t k = p->a.shape[1] * 2;
     fp4_ctx ctx = {.p = p, .kblocks = k / p->block_size};
+    for (int v = 0; v < 256; v++) {
+        ctx.pair[v][0] = fi_e2m1_to_f32((uint8_t)(v & 15));
+        ctx.pair[v][1] = fi_e2m1_to_f32((uint8_t)(v >> 4));
+        ctx.scale[v] = p->sf_ue8m0 ? ue8m0_to_f32((uint8_t)v) : fi_e4m3fn_to_f32((uint8_t)v);
+    }
+    for (int v = 0; v < 16; v++)
+        ctx.value[v] = fi_e2m1_to_f32((uint8_t)v);
+#ifdef FI_HAVE_SIMD_DECODE
+    ctx.simd = __builtin_cpu_supports("avx512f") && p->block_size % 16 == 0;
+#endif
     fi_tiled_gemm g = {
         .batch = 1,
         .m = p->a.shape[0],

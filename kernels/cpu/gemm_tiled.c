@@ -1,5 +1,5 @@
 /* gemm_tiled.c: float32 cache-blocked GEMM over callbacks that dequantize A rows and
- * B columns into packed panels; an AVX2/FMA micro-kernel where the CPU has one. */
+ * B columns into packed panels (AVX-512 / AVX2 micro-kernels), and a direct path for m <= 16. */
 #include "gemm_tiled.h"
 
 #include <pthread.h>
@@ -16,7 +16,7 @@
 
 /* Register tile MR x NR (NR is the micro-kernel's: 16, or 32 with AVX-512), cache tiles
  * MC x NC x KC (the A block stays in L2, one B strip of KC x NR in L1). */
-enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 256, KC = 256 };
+enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 512, KC = 256 };
 
 typedef void (*micro_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc);
 
@@ -106,29 +106,50 @@ static micro_fn pick_micro(int *nr)
     return micro_generic;
 }
 
+/* Work is split into units. Large m: a unit is (batch, chunk of up to mb rows, NC-column
+ * strip); each B k-block is dequantized and packed once per unit and reused by every MC
+ * tile of the chunk. Small m (<= SMALL_M): a unit is (batch, run of cols_per_unit
+ * columns), B is walked once and dotted against the dequantized rows of A. */
+enum { MB_MAX = 8 * MC, SMALL_M = 16, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
+
 typedef struct {
     const fi_tiled_gemm *g;
     micro_fn micro;
     int nr;
-    int64_t tiles_m, tiles_n, total;
+    int small;                  /* the small-m path */
+    int64_t mb, tiles_m, tiles_n, total;
+    int64_t cols_per_unit;      /* small-m path */
+    int64_t kp;                 /* small-m path: k rounded up to LANES */
     atomic_llong next;
     atomic_int failed;
 } shared_state;
 
 typedef struct {
     float *ap, *bp, *c, *tmp;
+    int64_t a_batch; /* small-m path: the batch whose rows of A sit in ap, or -1 */
 } scratch;
 
 static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
 
-static int scratch_init(scratch *s)
+static int scratch_init(const shared_state *st, scratch *s)
 {
-    s->ap = alloc_floats((size_t)MC * KC);
-    s->bp = alloc_floats((size_t)NC * KC);
-    s->c = alloc_floats((size_t)MC * NC);
-    s->tmp = alloc_floats(KC);
-    if (s->ap && s->bp && s->c && s->tmp)
-        return 0;
+    const fi_tiled_gemm *g = st->g;
+    s->a_batch = -1;
+    if (st->small) {
+        s->ap = alloc_floats((size_t)g->m * (size_t)st->kp);
+        s->bp = NULL;
+        s->c = NULL;
+        s->tmp = alloc_floats((size_t)SMALL_NJ * SMALL_KC);
+        if (s->ap && s->tmp)
+            return 0;
+    } else {
+        s->ap = alloc_floats((size_t)MC * KC);
+        s->bp = alloc_floats((size_t)NC * KC);
+        s->c = alloc_floats((size_t)(st->mb + MR) * NC);
+        s->tmp = alloc_floats(KC);
+        if (s->ap && s->bp && s->c && s->tmp)
+            return 0;
+    }
     free(s->ap);
     free(s->bp);
     free(s->c);
@@ -173,6 +194,21 @@ static void pack_b(const fi_tiled_gemm *g, int nr, int64_t bi, int64_t j0, int64
     }
 }
 
+static void store_value(const fi_tiled_gemm *g, int64_t at, float v)
+{
+    switch (g->out.dtype) {
+    case FI_DTYPE_BF16:
+        ((uint16_t *)g->out.data)[at] = fi_f32_to_bf16(v * g->scale);
+        break;
+    case FI_DTYPE_F16:
+        ((uint16_t *)g->out.data)[at] = fi_f32_to_f16(v * g->scale);
+        break;
+    default:
+        ((float *)g->out.data)[at] = v * g->scale;
+        break;
+    }
+}
+
 static void store_tile(const fi_tiled_gemm *g, int64_t bi, int64_t i0, int64_t j0, int64_t rows,
                        int64_t cols, const float *c)
 {
@@ -196,41 +232,188 @@ static void store_tile(const fi_tiled_gemm *g, int64_t bi, int64_t i0, int64_t j
     }
 }
 
+/* One unit of the large-m path: rows [i0, i0+rows) x an NC strip, all of k. */
 static void run_tile(shared_state *st, int64_t t, scratch *s)
 {
     const fi_tiled_gemm *g = st->g;
     int64_t per_batch = st->tiles_m * st->tiles_n;
     int64_t bi = t / per_batch, ti = (t % per_batch) / st->tiles_n, tj = t % st->tiles_n;
-    int64_t i0 = ti * MC, j0 = tj * NC;
-    int64_t rows = g->m - i0 < MC ? g->m - i0 : MC;
+    int64_t i0 = ti * st->mb, j0 = tj * NC;
+    int64_t rows = g->m - i0 < st->mb ? g->m - i0 : st->mb;
     int64_t cols = g->n - j0 < NC ? g->n - j0 : NC;
-    int64_t nr = st->nr, mp = (rows + MR - 1) / MR, np = (cols + nr - 1) / nr;
-    memset(s->c, 0, (size_t)MC * NC * sizeof(float));
+    int64_t nr = st->nr, np = (cols + nr - 1) / nr;
+    memset(s->c, 0, (size_t)(rows + MR) * NC * sizeof(float));
     for (int64_t k0 = 0; k0 < g->k; k0 += KC) {
         int64_t kc = g->k - k0 < KC ? g->k - k0 : KC;
-        pack_a(g, bi, i0, rows, mp * MR, k0, kc, s);
         pack_b(g, st->nr, bi, j0, cols, np * nr, k0, kc, s);
-        for (int64_t jp = 0; jp < np; jp++)
-            for (int64_t ip = 0; ip < mp; ip++)
-                st->micro(kc, s->ap + ip * kc * MR, s->bp + jp * kc * nr,
-                          s->c + ip * MR * NC + jp * nr, NC);
+        for (int64_t it = 0; it < rows; it += MC) {
+            int64_t r = rows - it < MC ? rows - it : MC, mp = (r + MR - 1) / MR;
+            pack_a(g, bi, i0 + it, r, mp * MR, k0, kc, s);
+            float *c = s->c + it * NC;
+            for (int64_t jp = 0; jp < np; jp++)
+                for (int64_t ip = 0; ip < mp; ip++)
+                    st->micro(kc, s->ap + ip * kc * MR, s->bp + jp * kc * nr,
+                              c + ip * MR * NC + jp * nr, NC);
+        }
     }
     store_tile(g, bi, i0, j0, rows, cols, s->c);
+}
+
+/* acc[r][e] += sum over kk = e (mod LANES), kk < kp, of a[r][kk] * b[kk], for r < m;
+ * kp is a multiple of LANES. Four rows at a time; a group short of four repeats its first
+ * row and drops the extra sums. */
+typedef void (*small_dot_fn)(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
+                             float acc[][LANES]);
+
+static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
+                              float acc[][LANES])
+{
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t kk = 0; kk < kp; kk += LANES)
+            for (int e = 0; e < LANES; e++)
+                acc[r][e] += a[r * lda + kk + e] * b[kk + e];
+}
+
+#ifdef FI_HAVE_AVX2_KERNEL
+__attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_t kp,
+                                                                const float *a, int64_t lda,
+                                                                const float *b,
+                                                                float acc[][LANES])
+{
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        int64_t rows = m - r0 < 4 ? m - r0 : 4;
+        const float *ar[4];
+        for (int r = 0; r < 4; r++)
+            ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
+        __m256 lo[4], hi[4];
+        for (int r = 0; r < 4; r++) {
+            lo[r] = _mm256_setzero_ps();
+            hi[r] = _mm256_setzero_ps();
+        }
+        for (int64_t kk = 0; kk < kp; kk += LANES) {
+            __m256 b0 = _mm256_loadu_ps(b + kk), b1 = _mm256_loadu_ps(b + kk + 8);
+            for (int r = 0; r < 4; r++) {
+                lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk), b0, lo[r]);
+                hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk + 8), b1, hi[r]);
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float *d = acc[r0 + r];
+            _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), lo[r]));
+            _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), hi[r]));
+        }
+    }
+}
+
+__attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64_t kp,
+                                                                 const float *a, int64_t lda,
+                                                                 const float *b,
+                                                                 float acc[][LANES])
+{
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        int64_t rows = m - r0 < 4 ? m - r0 : 4;
+        const float *ar[4];
+        for (int r = 0; r < 4; r++)
+            ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
+        /* two accumulators per row over alternate k-steps hide the FMA latency */
+        __m512 c0[4], c1[4];
+        for (int r = 0; r < 4; r++) {
+            c0[r] = _mm512_setzero_ps();
+            c1[r] = _mm512_setzero_ps();
+        }
+        int64_t kk = 0;
+        for (; kk + 2 * LANES <= kp; kk += 2 * LANES) {
+            __m512 b0 = _mm512_loadu_ps(b + kk), b1 = _mm512_loadu_ps(b + kk + LANES);
+            for (int r = 0; r < 4; r++) {
+                c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
+                c1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk + LANES), b1, c1[r]);
+            }
+        }
+        if (kk < kp) {
+            __m512 b0 = _mm512_loadu_ps(b + kk);
+            for (int r = 0; r < 4; r++)
+                c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float *d = acc[r0 + r];
+            _mm512_storeu_ps(d, _mm512_add_ps(_mm512_loadu_ps(d), _mm512_add_ps(c0[r], c1[r])));
+        }
+    }
+}
+#endif
+
+static small_dot_fn pick_small_dot(void)
+{
+#ifdef FI_HAVE_AVX2_KERNEL
+    if (__builtin_cpu_supports("avx512f"))
+        return small_dot_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return small_dot_avx2;
+#endif
+    return small_dot_generic;
+}
+
+/* One unit of the small-m path: columns [j0, j0+cols) of batch bi, each column of B
+ * dequantized once, SMALL_KC at a time, and dotted against all m rows of A. */
+static void run_small(shared_state *st, int64_t t, scratch *s, small_dot_fn dot)
+{
+    const fi_tiled_gemm *g = st->g;
+    int64_t per_batch = st->tiles_n;
+    int64_t bi = t / per_batch, j0 = (t % per_batch) * st->cols_per_unit;
+    int64_t cols = g->n - j0 < st->cols_per_unit ? g->n - j0 : st->cols_per_unit;
+    int64_t kp = st->kp;
+    if (s->a_batch != bi) { /* rows of A as float32, zero-padded to kp */
+        for (int64_t r = 0; r < g->m; r++) {
+            float *ar = s->ap + r * kp;
+            for (int64_t k0 = 0; k0 < g->k; k0 += KC)
+                g->row_a(g->ctx, bi, r, k0, g->k - k0 < KC ? g->k - k0 : KC, ar + k0);
+            memset(ar + g->k, 0, (size_t)(kp - g->k) * sizeof(float));
+        }
+        s->a_batch = bi;
+    }
+    /* SMALL_NJ neighbouring columns share each k-chunk, so B is read in longer runs */
+    float acc[SMALL_NJ][SMALL_M][LANES];
+    for (int64_t jg = j0; jg < j0 + cols; jg += SMALL_NJ) {
+        int64_t nj = j0 + cols - jg < SMALL_NJ ? j0 + cols - jg : SMALL_NJ;
+        memset(acc, 0, sizeof(acc));
+        for (int64_t k0 = 0; k0 < g->k; k0 += SMALL_KC) {
+            int64_t kc = g->k - k0 < SMALL_KC ? g->k - k0 : SMALL_KC;
+            int64_t kcp = (kc + LANES - 1) / LANES * LANES;
+            for (int64_t c = 0; c < nj; c++) {
+                float *bt = s->tmp + c * SMALL_KC;
+                g->col_b(g->ctx, bi, jg + c, k0, kc, bt);
+                memset(bt + kc, 0, (size_t)(kcp - kc) * sizeof(float));
+            }
+            for (int64_t c = 0; c < nj; c++)
+                dot(g->m, kcp, s->ap + k0, kp, s->tmp + c * SMALL_KC, acc[c]);
+        }
+        for (int64_t c = 0; c < nj; c++)
+            for (int64_t r = 0; r < g->m; r++) {
+                float sum = 0.0f;
+                for (int e = 0; e < LANES; e++)
+                    sum += acc[c][r][e];
+                store_value(g, (bi * g->m + r) * g->n + jg + c, sum);
+            }
+    }
 }
 
 static void *worker(void *arg)
 {
     shared_state *st = arg;
     scratch s;
-    if (scratch_init(&s) < 0) {
+    if (scratch_init(st, &s) < 0) {
         atomic_store(&st->failed, 1);
         return NULL;
     }
+    small_dot_fn dot = st->small ? pick_small_dot() : NULL;
     for (;;) {
         int64_t t = atomic_fetch_add(&st->next, 1);
         if (t >= st->total)
             break;
-        run_tile(st, t, &s);
+        if (st->small)
+            run_small(st, t, &s, dot);
+        else
+            run_tile(st, t, &s);
     }
     scratch_free(&s);
     return NULL;
@@ -252,18 +435,39 @@ int fi_tiled_gemm_run(const fi_tiled_gemm *g)
         free(zero);
         return 0;
     }
+    int64_t want = g->num_threads < 1 ? 1 : g->num_threads;
+    if (want > 256)
+        want = 256;
     shared_state st = {.g = g};
     st.micro = pick_micro(&st.nr);
-    st.tiles_m = (g->m + MC - 1) / MC;
-    st.tiles_n = (g->n + NC - 1) / NC;
+    st.small = g->m <= SMALL_M;
+    if (st.small) {
+        /* about four units per thread over the whole call, at least LANES columns each */
+        int64_t units = want * 4 / g->batch + 1;
+        st.cols_per_unit = (g->n + units - 1) / units;
+        if (st.cols_per_unit < LANES)
+            st.cols_per_unit = LANES;
+        st.kp = (g->k + LANES - 1) / LANES * LANES;
+        st.tiles_m = 1;
+        st.tiles_n = (g->n + st.cols_per_unit - 1) / st.cols_per_unit;
+    } else {
+        /* rows split into equal chunks of at most MB_MAX (a multiple of MR), more of them
+         * while there are fewer than two units per thread */
+        st.tiles_n = (g->n + NC - 1) / NC;
+        int64_t chunks = (g->m + MB_MAX - 1) / MB_MAX;
+        for (;;) {
+            st.mb = ((g->m + chunks - 1) / chunks + MR - 1) / MR * MR;
+            if (st.mb <= MC || g->batch * chunks * st.tiles_n >= 2 * want)
+                break;
+            chunks++;
+        }
+        st.tiles_m = (g->m + st.mb - 1) / st.mb;
+    }
     st.total = g->batch * st.tiles_m * st.tiles_n;
     atomic_init(&st.next, 0);
     atomic_init(&st.failed, 0);
-    int64_t want = g->num_threads < 1 ? 1 : g->num_threads;
     if (want > st.total)
         want = st.total;
-    if (want > 256)
-        want = 256;
     pthread_t threads[256];
     int started = 0;
     for (int64_t i = 1; i < want; i++) {
