@@ -470,9 +470,12 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
                             "a: k = %lld (2 * a.shape[1]) must be a multiple of block_size = %d",
                             (long long)k, bs);
     int64_t want[2] = {m, n_out};
+    /* a's scales may be 8x4 (small-m friendly); b's then stay 128x4, as in FlashInfer */
+    fi_sf_layout b_layout =
+        layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
     if (check_dtype(&asf, scales, 3) < 0 || check_dtype(&bsf, scales, 3) < 0 ||
         check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
-        check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, (fi_sf_layout)layout)) < 0)
+        check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, b_layout)) < 0)
         return NULL;
     tensor_arg *sfs[2] = {&asf, &bsf};
     for (int i = 0; i < 2; i++)
@@ -486,7 +489,8 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
         check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0)
         return NULL;
     fi_gemm_fp4_params p = {.a = a.t, .b = b.t, .a_sf = asf.t.data, .b_sf = bsf.t.data,
-                            .sf_layout = (fi_sf_layout)layout, .block_size = bs,
+                            .sf_layout = (fi_sf_layout)layout, .b_sf_layout = b_layout,
+                            .block_size = bs,
                             .sf_ue8m0 = ue8m0, .alpha = n == 5 ? alpha.t.data : NULL,
                             .out = out.t, .num_threads = num_threads,
                             .stream = (void *)(uintptr_t)stream};

@@ -196,13 +196,14 @@ def test_mm_fp4_matches_dequantized_matmul():
 
 
 def test_mm_fp4_linear_and_8x4_scales_give_same_result():
+    """use_8x4_sf_layout: a's scales are 8x4, the weight's stay 128x4 (FlashInfer's rule)."""
     a, w = _data(9, 64, 11), _data(10, 64, 12)
     one = torch.tensor(1.0)
     results = []
     for layout in (SfLayout.layout_128x4, SfLayout.layout_linear, SfLayout.layout_8x4):
-        a_q, a_sf = nvfp4_quantize(a, one, sfLayout=layout)
-        w_q, w_sf = nvfp4_quantize(w, one, sfLayout=layout)
         eight = layout == SfLayout.layout_8x4
+        a_q, a_sf = nvfp4_quantize(a, one, sfLayout=layout)
+        w_q, w_sf = nvfp4_quantize(w, one, sfLayout=SfLayout.layout_128x4 if eight else layout)
         results.append(mm_fp4(a_q, w_q.T, a_sf, w_sf.T, use_8x4_sf_layout=eight))
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
@@ -227,3 +228,14 @@ def test_autotune_is_a_context_manager():
         with autotune(False):
             assert not is_tuning_enabled()
     assert not is_tuning_enabled()
+
+
+def test_mm_fp4_8x4_activation_scales_with_128x4_weight_scales():
+    a, w = _data(5, 64, 15), _data(12, 64, 16)
+    one = torch.tensor(1.0)
+    a_q, a_sf8 = nvfp4_quantize(a, one, sfLayout=SfLayout.layout_8x4)
+    _, a_sf = nvfp4_quantize(a, one, sfLayout=SfLayout.layout_128x4)
+    w_q, w_sf = nvfp4_quantize(w, one, sfLayout=SfLayout.layout_128x4)
+    eight = mm_fp4(a_q, w_q.T, a_sf8, w_sf.T, use_8x4_sf_layout=True)
+    plain = mm_fp4(a_q, w_q.T, a_sf, w_sf.T)
+    assert torch.equal(eight, plain)

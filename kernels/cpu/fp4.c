@@ -143,15 +143,15 @@ typedef struct {
  * (the same products as the tables give). bs is a multiple of 16. */
 __attribute__((target("avx512f"))) static void dequant_contig_avx512(
     const float *value, const float *scale, const uint8_t *src, const uint8_t *sf,
-    const fi_gemm_fp4_params *p, int64_t kblocks, int64_t line, int64_t k0, int64_t kc,
-    float *dst)
+    fi_sf_layout layout, const fi_gemm_fp4_params *p, int64_t kblocks, int64_t line, int64_t k0,
+    int64_t kc, float *dst)
 {
     const __m512 table = _mm512_loadu_ps(value);
     const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
     int64_t bs = p->block_size;
     for (int64_t kk = 0; kk < kc; kk += bs) {
         int64_t kg = k0 + kk;
-        __m512 s = _mm512_set1_ps(scale[sf[fi_sf_offset(line, kg / bs, kblocks, p->sf_layout)]]);
+        __m512 s = _mm512_set1_ps(scale[sf[fi_sf_offset(line, kg / bs, kblocks, layout)]]);
         for (int64_t e = 0; e < bs; e += 16) {
             __m128i x = _mm_loadl_epi64((const __m128i *)(src + (kg + e) / 2));
             __m512i idx = _mm512_srlv_epi32(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(x, x)), shift);
@@ -164,19 +164,20 @@ __attribute__((target("avx512f"))) static void dequant_contig_avx512(
 /* dst[0..kc) = the E2M1 codes of one row (a) or column (b) times their block scales:
  * bytes src[0], src[sk], ...; scales sf[offset(line, block)]. */
 static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const uint8_t *sf,
-                         int64_t line, int64_t k0, int64_t kc, float *dst)
+                         fi_sf_layout layout, int64_t line, int64_t k0, int64_t kc, float *dst)
 {
     const fi_gemm_fp4_params *p = c->p;
     int64_t bs = p->block_size;
 #ifdef FI_HAVE_SIMD_DECODE
     if (sk == 1 && c->simd) {
-        dequant_contig_avx512(c->value, c->scale, src, sf, p, c->kblocks, line, k0, kc, dst);
+        dequant_contig_avx512(c->value, c->scale, src, sf, layout, p, c->kblocks, line, k0, kc,
+                              dst);
         return;
     }
 #endif
     for (int64_t kk = 0; kk < kc; kk += bs) {
         int64_t kg = k0 + kk;
-        float s = c->scale[sf[fi_sf_offset(line, kg / bs, c->kblocks, p->sf_layout)]];
+        float s = c->scale[sf[fi_sf_offset(line, kg / bs, c->kblocks, layout)]];
         const uint8_t *at = src + (kg / 2) * sk;
         float *d = dst + kk;
         if (sk == 1) {
@@ -198,7 +199,8 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    dequant_line(c, (const uint8_t *)p->a.data + i * p->a.stride[0], p->a.stride[1], p->a_sf, i,
+    dequant_line(c, (const uint8_t *)p->a.data + i * p->a.stride[0], p->a.stride[1], p->a_sf,
+                 p->sf_layout, i,
                  k0, kc, dst);
 }
 
@@ -207,7 +209,8 @@ static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc
     (void)bi;
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
-    dequant_line(c, (const uint8_t *)p->b.data + j * p->b.stride[1], p->b.stride[0], p->b_sf, j,
+    dequant_line(c, (const uint8_t *)p->b.data + j * p->b.stride[1], p->b.stride[0], p->b_sf,
+                 p->b_sf_layout, j,
                  k0, kc, dst);
 }
 

@@ -115,13 +115,13 @@ __global__ void fp4_quantize_kernel(QuantArgs q)
 struct Fp4Operand {
     const uint8_t *data, *sf;
     int64_t rows, s_row, s_k;
-    int vec;
+    int vec, layout; /* layout: of this operand's scales */
 };
 
 struct Fp4Loader {
     Fp4Operand a, b;
     int64_t k, kblocks;
-    int block_size, ue8m0, layout;
+    int block_size, ue8m0;
     uint32_t wa[2], wb[2];
     float sa, sb;
 
@@ -143,7 +143,7 @@ struct Fp4Loader {
             for (int e = 0; e < 8; e++)
                 w[e >> 2] |= (uint32_t)base[(kg / 2 + e) * op.s_k] << ((e & 3) * 8);
         }
-        uint8_t code = op.sf[sf_offset(row, kg / block_size, kblocks, layout)];
+        uint8_t code = op.sf[sf_offset(row, kg / block_size, kblocks, op.layout)];
         s = ue8m0 ? fi_e8m0fnu_to_f32(code) : fi_e4m3fn_to_f32(code);
     }
 
@@ -224,15 +224,16 @@ extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
     if ((n + fi_wmma::BN - 1) / fi_wmma::BN > 0x7fffffff)
         return fi_cuda_fail("fp4 GEMM: n too large for the grid", cudaSuccess);
     Fp4Loader ld;
-    ld.a = {(const uint8_t *)p->a.data, p->a_sf, m, p->a.stride[0], p->a.stride[1], 0};
-    ld.b = {(const uint8_t *)p->b.data, p->b_sf, n, p->b.stride[1], p->b.stride[0], 0};
+    ld.a = {(const uint8_t *)p->a.data, p->a_sf, m, p->a.stride[0], p->a.stride[1], 0,
+            (int)p->sf_layout};
+    ld.b = {(const uint8_t *)p->b.data, p->b_sf, n, p->b.stride[1], p->b.stride[0], 0,
+            (int)p->b_sf_layout};
     ld.a.vec = ld.a.s_k == 1 && ((uintptr_t)ld.a.data & 7) == 0 && ld.a.s_row % 8 == 0;
     ld.b.vec = ld.b.s_k == 1 && ((uintptr_t)ld.b.data & 7) == 0 && ld.b.s_row % 8 == 0;
     ld.k = k;
     ld.kblocks = k / p->block_size;
     ld.block_size = p->block_size;
     ld.ue8m0 = p->sf_ue8m0;
-    ld.layout = (int)p->sf_layout;
     ld.wa[0] = ld.wa[1] = ld.wb[0] = ld.wb[1] = 0;
     ld.sa = ld.sb = 0.0f;
 

@@ -168,8 +168,9 @@ typedef struct {
     fi_tensor a;               /* [m, k/2] packed E2M1 (uint8 or float4_e2m1fn_x2) */
     fi_tensor b;               /* [k/2, n] packed E2M1 */
     const uint8_t *a_sf;       /* m rows x k/block_size blocks, in sf_layout */
-    const uint8_t *b_sf;       /* n rows x k/block_size blocks, in sf_layout */
-    fi_sf_layout sf_layout;
+    const uint8_t *b_sf;       /* n rows x k/block_size blocks, in b_sf_layout */
+    fi_sf_layout sf_layout;    /* a's scales */
+    fi_sf_layout b_sf_layout;  /* b's scales (128x4 when a's are 8x4, as in FlashInfer) */
     int block_size;            /* 16 (E4M3 scales) or 32 (UE8M0 scales) */
     int sf_ue8m0;
     const float *alpha;        /* one float32; NULL means 1 */
