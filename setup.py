@@ -151,7 +151,7 @@ ext = Extension(
     extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-D_GNU_SOURCE"]
     + cuda_cflags
     + extra_cflags,
-    extra_link_args=["-lpthread", "-lm"] + cuda_ldflags + extra_ldflags,
+    extra_link_args=["-lpthread", "-lm", "-ldl"] + cuda_ldflags + extra_ldflags,
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": build_ext_cuda})

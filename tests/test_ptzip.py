@@ -187,3 +187,24 @@ def test_conjugate_view_saves_its_values(tmp_path):
     path = tmp_path / "c.pt"
     _C.save_tensors(path, {"z": z.conj()})
     assert torch.equal(_C.load_tensors(path)["z"], z.conj().resolve_conj())
+
+
+def test_record_crcs_are_right_with_and_without_the_system_zlib(tmp_path):
+    """CRC-32 comes from libz.so.1 when present, else our tables: both must agree."""
+    import subprocess
+    import sys
+    import zipfile
+
+    script = (
+        "import sys, torch, flashinfer\n"
+        "t = torch.arange(100003, dtype=torch.int32)[3:]\n"
+        "flashinfer._C.save_tensors(sys.argv[1], {'a': t, 'b': t[::7]})\n"
+    )
+    for no_zlib in ("", "1"):
+        path = tmp_path / f"x{no_zlib}.pt"
+        env = {k: v for k, v in os.environ.items() if k != "FLASHINFER_NO_ZLIB_CRC"}
+        if no_zlib:
+            env["FLASHINFER_NO_ZLIB_CRC"] = no_zlib
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True)
+        with zipfile.ZipFile(path) as z:
+            assert z.testzip() is None
