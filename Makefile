@@ -9,6 +9,8 @@ DEPS := torch==2.13.0 click pytest safetensors numpy ruff clang-format
 WARN := -Werror
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g
 PYTEST_ARGS ?=
+C_SOURCES := $(wildcard csrc/*.c csrc/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
+	kernels/cuda/*.cu kernels/cuda/*.cuh)
 
 .PHONY: all venv build demo test bench lint format asan-test clean
 
@@ -39,11 +41,12 @@ bench: build
 # C built with -Werror into build/lint-lib (the in-place extension is left alone).
 lint: venv
 	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
+	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
 	$(VENV)/bin/ruff check flashinfer tests benchmarks examples setup.py
 	$(VENV)/bin/ruff format --check flashinfer tests benchmarks examples setup.py
 
 format: venv
-	$(VENV)/bin/clang-format -i csrc/*.c csrc/*.h kernels/include/*.h $(wildcard kernels/cpu/*.c kernels/cpu/*.h kernels/cuda/*.cu kernels/cuda/*.cuh)
+	$(VENV)/bin/clang-format -i $(C_SOURCES)
 	$(VENV)/bin/ruff format flashinfer tests benchmarks examples setup.py
 
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.

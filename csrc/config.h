@@ -8,9 +8,9 @@
 #define FI_MAX_PATTERNS 64
 
 typedef struct {
-    int level;            /* 0, 1, 3, 5 or 10 after rounding down */
-    char *logdest;        /* "stdout", "stderr" or a path with %i substituted */
-    char *dump_dir;       /* %i substituted */
+    int level;      /* 0, 1, 3, 5 or 10 after rounding down */
+    char *logdest;  /* "stdout", "stderr" or a path with %i substituted */
+    char *dump_dir; /* %i substituted */
     double max_size_gb;
     long long max_count;
     int safetensors;

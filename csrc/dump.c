@@ -23,9 +23,9 @@
 
 struct fi_dump_call {
     fi_logger *lg;
-    PyObject *name;     /* API name (str) */
-    PyObject *record;   /* the line-1 record, extended into line 2 */
-    char *dir;          /* the call's directory */
+    PyObject *name;   /* API name (str) */
+    PyObject *record; /* the line-1 record, extended into line 2 */
+    char *dir;        /* the call's directory */
     long long input_bytes;
     PyObject *graph_entry; /* [dir, record, inputs, outputs, flushes] while captured */
 };
@@ -209,8 +209,8 @@ static PyObject *encode_enum(tensor_sink *ts, PyObject *v, PyObject *key)
     PyObject *out = NULL;
     if (qn)
         out = Py_BuildValue("{s:s,s:N,s:O,s:N}", "type", "enum", "name",
-                            PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name),
-                            "value", value, "class", PyUnicode_FromFormat("%S.%S", mod, qn));
+                            PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name), "value",
+                            value, "class", PyUnicode_FromFormat("%S.%S", mod, qn));
     Py_XDECREF(name);
     Py_XDECREF(raw);
     Py_XDECREF(value);
@@ -383,8 +383,7 @@ static long long next_counter(PyObject *counters, PyObject *name)
 
 /* Makes the call directory; a name taken already (a re-import reset the counters
  * within the same millisecond) moves on to the next counter value. */
-static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp,
-                           long long *call_seq)
+static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, long long *call_seq)
 {
     const char *cname = PyUnicode_AsUTF8(name);
     if (!cname)
@@ -509,7 +508,10 @@ static void timestamp_now(char *out, size_t n)
     snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
 }
 
-static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0)); }
+static PyObject *size_mb(long long bytes)
+{
+    return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0));
+}
 
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
 static int graph_capturing(const tensor_sink *ts)
@@ -539,16 +541,14 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
     PyObject *rec = Py_BuildValue(
         "{s:O,s:N,s:L,s:s,s:l,s:O,s:N,s:{s:O,s:N,s:L,s:N},s:O,s:s,s:O,s:O,s:s,s:O,s:s,s:L}",
         "function_name", name, "module", module, "call_sequence", call_seq, "timestamp", stamp,
-        "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata",
-        PyDict_New(), "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys",
-        PyList_New(0), "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes),
-        "tensor_details", ts->details, "tensor_format",
-        lg->cfg.safetensors ? "safetensors" : "torch", "function_signature",
-        api->signature_text ? api->signature_text : Py_None, "versions",
+        "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata", PyDict_New(),
+        "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys", PyList_New(0),
+        "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes), "tensor_details",
+        ts->details, "tensor_format", lg->cfg.safetensors ? "safetensors" : "torch",
+        "function_signature", api->signature_text ? api->signature_text : Py_None, "versions",
         versions ? versions : Py_None, "execution_status",
         capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",
-        capturing ? Py_True : Py_False, "dump_dir", dir, "sequence",
-        lg->sequence);
+        capturing ? Py_True : Py_False, "dump_dir", dir, "sequence", lg->sequence);
     if (rec && api->self) {
         PyObject *id = PyLong_FromVoidPtr(api->self);
         if (dict_set(rec, "self_id", id) < 0)
@@ -610,9 +610,9 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         goto error;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        PyObject *key = i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
-                                  : PyUnicode_FromFormat("kwarg_%U",
-                                                         PyTuple_GET_ITEM(kwnames, i - nargs));
+        PyObject *key =
+            i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
+                      : PyUnicode_FromFormat("kwarg_%U", PyTuple_GET_ITEM(kwnames, i - nargs));
         int r = key ? add_value(&ts, input_meta, key, args[i]) : -1;
         Py_XDECREF(key);
         if (r < 0)
@@ -640,13 +640,13 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     lg->dump_count++;
     lg->dump_bytes += written;
     call->input_bytes = ts.bytes;
-    call->record = build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta,
-                                capturing);
+    call->record =
+        build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta, capturing);
     if (!call->record || write_record(call) < 0)
         goto error;
     if (capturing) {
-        call->graph_entry = Py_BuildValue("[sOOOi]", call->dir, call->record, ts.tensors,
-                                          Py_None, 0);
+        call->graph_entry =
+            Py_BuildValue("[sOOOi]", call->dir, call->record, ts.tensors, Py_None, 0);
         if (!call->graph_entry || PyList_Append(lg->graph_pending, call->graph_entry) < 0)
             goto error;
     }

@@ -51,7 +51,11 @@ static int put_codepoint(fi_buf *b, uint32_t c)
 static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *i)
 {
     unsigned char c = s[*i];
-    int len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    int len = c < 0x80             ? 1
+              : (c & 0xe0) == 0xc0 ? 2
+              : (c & 0xf0) == 0xe0 ? 3
+              : (c & 0xf8) == 0xf0 ? 4
+                                   : 0;
     if (len == 1) {
         (*i)++;
         return c;
@@ -118,7 +122,10 @@ int fi_json_double(fi_buf *b, double v)
 
 int fi_json_int64(fi_buf *b, int64_t v) { return fi_buf_printf(b, "%lld", (long long)v); }
 
-int fi_json_bool(fi_buf *b, int v) { return v ? fi_buf_append(b, "true", 4) : fi_buf_append(b, "false", 5); }
+int fi_json_bool(fi_buf *b, int v)
+{
+    return v ? fi_buf_append(b, "true", 4) : fi_buf_append(b, "false", 5);
+}
 
 int fi_json_null(fi_buf *b) { return fi_buf_append(b, "null", 4); }
 
@@ -271,8 +278,8 @@ static PyObject *parse_error(parser *p, const char *problem)
 
 static void skip_ws(parser *p)
 {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' ||
-                           p->s[p->i] == '\r'))
+    while (p->i < p->n &&
+           (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
         p->i++;
 }
 
@@ -283,7 +290,10 @@ static int hex4(parser *p, uint32_t *out)
     uint32_t v = 0;
     for (int k = 0; k < 4; k++) {
         unsigned char c = p->s[p->i + (size_t)k];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0)
             return -1;
         v = v * 16 + (uint32_t)d;
@@ -320,14 +330,30 @@ static PyObject *parse_string(parser *p)
             }
             c = p->s[p->i++];
             switch (c) {
-            case '"': cp = '"'; break;
-            case '\\': cp = '\\'; break;
-            case '/': cp = '/'; break;
-            case 'b': cp = '\b'; break;
-            case 'f': cp = '\f'; break;
-            case 'n': cp = '\n'; break;
-            case 'r': cp = '\r'; break;
-            case 't': cp = '\t'; break;
+            case '"':
+                cp = '"';
+                break;
+            case '\\':
+                cp = '\\';
+                break;
+            case '/':
+                cp = '/';
+                break;
+            case 'b':
+                cp = '\b';
+                break;
+            case 'f':
+                cp = '\f';
+                break;
+            case 'n':
+                cp = '\n';
+                break;
+            case 'r':
+                cp = '\r';
+                break;
+            case 't':
+                cp = '\t';
+                break;
             case 'u':
                 if (hex4(p, &cp) < 0) {
                     fi_buf_free(&ucs);

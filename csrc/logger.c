@@ -31,7 +31,8 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     lg->call_counters = PyDict_New();
     lg->static_meta = PyDict_New();
     lg->graph_pending = PyList_New(0);
-    if (!lg->call_counters || !lg->static_meta || !lg->graph_pending || fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
+    if (!lg->call_counters || !lg->static_meta || !lg->graph_pending ||
+        fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
         Py_DECREF(lg);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
@@ -135,14 +136,46 @@ static PyObject *patterns_tuple(char *const *items, int n)
     return t;
 }
 
-static PyObject *get_level(fi_logger *lg, void *c) { (void)c; return PyLong_FromLong(lg->cfg.level); }
-static PyObject *get_logdest(fi_logger *lg, void *c) { (void)c; return PyUnicode_FromString(lg->cfg.logdest); }
-static PyObject *get_dump_dir(fi_logger *lg, void *c) { (void)c; return PyUnicode_FromString(lg->cfg.dump_dir); }
-static PyObject *get_max_size_gb(fi_logger *lg, void *c) { (void)c; return PyFloat_FromDouble(lg->cfg.max_size_gb); }
-static PyObject *get_max_count(fi_logger *lg, void *c) { (void)c; return PyLong_FromLongLong(lg->cfg.max_count); }
-static PyObject *get_safetensors(fi_logger *lg, void *c) { (void)c; return PyBool_FromLong(lg->cfg.safetensors); }
-static PyObject *get_include(fi_logger *lg, void *c) { (void)c; return patterns_tuple(lg->cfg.include, lg->cfg.n_include); }
-static PyObject *get_exclude(fi_logger *lg, void *c) { (void)c; return patterns_tuple(lg->cfg.exclude, lg->cfg.n_exclude); }
+static PyObject *get_level(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(lg->cfg.level);
+}
+static PyObject *get_logdest(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->cfg.logdest);
+}
+static PyObject *get_dump_dir(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->cfg.dump_dir);
+}
+static PyObject *get_max_size_gb(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyFloat_FromDouble(lg->cfg.max_size_gb);
+}
+static PyObject *get_max_count(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyLong_FromLongLong(lg->cfg.max_count);
+}
+static PyObject *get_safetensors(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(lg->cfg.safetensors);
+}
+static PyObject *get_include(fi_logger *lg, void *c)
+{
+    (void)c;
+    return patterns_tuple(lg->cfg.include, lg->cfg.n_include);
+}
+static PyObject *get_exclude(fi_logger *lg, void *c)
+{
+    (void)c;
+    return patterns_tuple(lg->cfg.exclude, lg->cfg.n_exclude);
+}
 static PyObject *get_sink(fi_logger *lg, void *c)
 {
     (void)c;
@@ -229,7 +262,10 @@ static PyType_Spec logger_spec = {
 
 static PyTypeObject *logger_type_cache; /* the type object; immutable once made */
 
-int fi_logger_check(PyObject *obj) { return logger_type_cache && PyObject_TypeCheck(obj, logger_type_cache); }
+int fi_logger_check(PyObject *obj)
+{
+    return logger_type_cache && PyObject_TypeCheck(obj, logger_type_cache);
+}
 
 int fi_logger_exec(PyObject *module)
 {

@@ -11,20 +11,19 @@
 #include "sink.h"
 
 typedef struct {
-    PyObject_HEAD
-    fi_config cfg;
+    PyObject_HEAD fi_config cfg;
     fi_sink sink;
-    time_t ts_second;    /* the second ts_text describes */
-    char ts_text[32];    /* "[YYYY-MM-DD HH:MM:SS]" */
+    time_t ts_second; /* the second ts_text describes */
+    char ts_text[32]; /* "[YYYY-MM-DD HH:MM:SS]" */
     /* level-10 state, owned by dump.c */
-    long long dump_count;     /* calls dumped (count cap) */
-    long long dump_bytes;     /* tensor bytes written (size cap) */
-    long long sequence;       /* per-process order of dumped calls */
-    PyObject *call_counters;  /* dict: API name -> int, for the directory names */
-    PyObject *static_meta;    /* dict: "versions" etc., set from Python */
-    PyObject *graph_pending;  /* list of calls recorded during CUDA graph capture */
-    int force_graph_capture;  /* tests: treat every call as captured */
-    int suspended;            /* > 0 while replaying: no dumps */
+    long long dump_count;    /* calls dumped (count cap) */
+    long long dump_bytes;    /* tensor bytes written (size cap) */
+    long long sequence;      /* per-process order of dumped calls */
+    PyObject *call_counters; /* dict: API name -> int, for the directory names */
+    PyObject *static_meta;   /* dict: "versions" etc., set from Python */
+    PyObject *graph_pending; /* list of calls recorded during CUDA graph capture */
+    int force_graph_capture; /* tests: treat every call as captured */
+    int suspended;           /* > 0 while replaying: no dumps */
     int count_cap_warned, size_cap_warned;
     int dump_root_ready;
 } fi_logger;

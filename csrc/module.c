@@ -46,14 +46,10 @@ static PyModuleDef_Slot module_slots[] = {
 };
 
 PyModuleDef fi_module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "flashinfer._C",
-    .m_doc = module_doc,
-    .m_size = sizeof(fi_module_state),
-    .m_slots = module_slots,
-    .m_traverse = module_traverse,
-    .m_clear = module_clear,
-    .m_free = module_free,
+    PyModuleDef_HEAD_INIT,   .m_name = "flashinfer._C",
+    .m_doc = module_doc,     .m_size = sizeof(fi_module_state),
+    .m_slots = module_slots, .m_traverse = module_traverse,
+    .m_clear = module_clear, .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__C(void) { return PyModuleDef_Init(&fi_module_def); }

@@ -80,8 +80,8 @@ static int check_ndim(const arg_tensor *a, int ndim)
 static int check_dtype(const arg_tensor *a, fi_dtype want)
 {
     if (a->t.dtype != want) {
-        PyErr_Format(PyExc_ValueError, "%s: dtype %s is not supported; accepted: %s",
-                     a->name, fi_dtype_name(a->t.dtype), fi_dtype_name(want));
+        PyErr_Format(PyExc_ValueError, "%s: dtype %s is not supported; accepted: %s", a->name,
+                     fi_dtype_name(a->t.dtype), fi_dtype_name(want));
         return -1;
     }
     return 0;
@@ -116,8 +116,7 @@ static int check_indptr(const arg_tensor *a, int64_t limit, const char *limit_wh
     const int32_t *v = a->t.data;
     int64_t n = a->t.shape[0];
     if (n < 1) {
-        PyErr_Format(PyExc_ValueError, "%s: needs at least one entry (batch_size + 1)",
-                     a->name);
+        PyErr_Format(PyExc_ValueError, "%s: needs at least one entry (batch_size + 1)", a->name);
         return -1;
     }
     if (v[0] < 0) {
@@ -129,14 +128,14 @@ static int check_indptr(const arg_tensor *a, int64_t limit, const char *limit_wh
             PyErr_Format(PyExc_ValueError,
                          "%s is not monotone: %s[%lld] = %d < %s[%lld] = %d; accepted: "
                          "non-decreasing offsets",
-                         a->name, a->name, (long long)i, (int)v[i], a->name,
-                         (long long)(i - 1), (int)v[i - 1]);
+                         a->name, a->name, (long long)i, (int)v[i], a->name, (long long)(i - 1),
+                         (int)v[i - 1]);
             return -1;
         }
     }
     if (v[n - 1] > limit) {
-        PyErr_Format(PyExc_ValueError, "%s[-1] is %d but %s is %lld; accepted: <= %lld",
-                     a->name, (int)v[n - 1], limit_what, (long long)limit, (long long)limit);
+        PyErr_Format(PyExc_ValueError, "%s[-1] is %d but %s is %lld; accepted: <= %lld", a->name,
+                     (int)v[n - 1], limit_what, (long long)limit, (long long)limit);
         return -1;
     }
     return 0;
@@ -156,8 +155,8 @@ static int check_last_dim_contiguous(const arg_tensor *a)
 static int check_shape(const arg_tensor *a, const char *what, int dim, int64_t want)
 {
     if (a->t.shape[dim] != want) {
-        PyErr_Format(PyExc_ValueError, "%s: %s (dimension %d) is %lld; expected %lld",
-                     a->name, what, dim, (long long)a->t.shape[dim], (long long)want);
+        PyErr_Format(PyExc_ValueError, "%s: %s (dimension %d) is %lld; expected %lld", a->name,
+                     what, dim, (long long)a->t.shape[dim], (long long)want);
         return -1;
     }
     return 0;
@@ -177,16 +176,14 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
     for (int i = 0; i < nd; i++) {
         if (a->k.t.shape[i] != a->v.t.shape[i]) {
             PyErr_Format(PyExc_ValueError,
-                         "%s and %s differ in shape at dimension %d: %lld vs %lld",
-                         a->k.name, a->v.name, i, (long long)a->k.t.shape[i],
-                         (long long)a->v.t.shape[i]);
+                         "%s and %s differ in shape at dimension %d: %lld vs %lld", a->k.name,
+                         a->v.name, i, (long long)a->k.t.shape[i], (long long)a->v.t.shape[i]);
             return -1;
         }
     }
     if (a->k.t.dtype != a->v.t.dtype) {
-        PyErr_Format(PyExc_ValueError, "%s is %s but %s is %s; they must share a dtype",
-                     a->k.name, fi_dtype_name(a->k.t.dtype), a->v.name,
-                     fi_dtype_name(a->v.t.dtype));
+        PyErr_Format(PyExc_ValueError, "%s is %s but %s is %s; they must share a dtype", a->k.name,
+                     fi_dtype_name(a->k.t.dtype), a->v.name, fi_dtype_name(a->v.t.dtype));
         return -1;
     }
     fi_dtype kd = a->k.t.dtype;
@@ -232,8 +229,7 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
     int64_t num_pages = a->k.t.shape[0];
     if (check_index_array(&a->kv_indices, -1) < 0 ||
         check_index_array(&a->kv_last_page_len, b) < 0 ||
-        check_indptr(&a->kv_indptr, a->kv_indices.t.shape[0], "the length of kv_indices") <
-            0)
+        check_indptr(&a->kv_indptr, a->kv_indices.t.shape[0], "the length of kv_indices") < 0)
         return -1;
     const int32_t *indptr = a->kv_indptr.t.data, *indices = a->kv_indices.t.data;
     const int32_t *last = a->kv_last_page_len.t.data;
@@ -241,16 +237,14 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
         if (indices[i] < 0 || indices[i] >= num_pages) {
             PyErr_Format(PyExc_ValueError,
                          "%s[%lld] is %d; accepted: a page index in [0, %lld) (num_pages)",
-                         a->kv_indices.name, (long long)i, (int)indices[i],
-                         (long long)num_pages);
+                         a->kv_indices.name, (long long)i, (int)indices[i], (long long)num_pages);
             return -1;
         }
     }
     for (int64_t i = 0; i < b; i++) {
         int has_pages = indptr[i + 1] > indptr[i];
         if (last[i] < (has_pages ? 1 : 0) || last[i] > p->page_size) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s[%lld] is %d; accepted: [1, page_size = %lld]",
+            PyErr_Format(PyExc_ValueError, "%s[%lld] is %d; accepted: [1, page_size = %lld]",
                          a->kv_last_page_len.name, (long long)i, (int)last[i],
                          (long long)p->page_size);
             return -1;
@@ -271,8 +265,7 @@ static int check_mask(attention_args *a, fi_attention_params *p)
         PyErr_Format(PyExc_ValueError, "%s: must be contiguous", a->mask.name);
         return -1;
     }
-    if (check_indptr(&a->mask_indptr, a->mask.t.shape[0], "the length of the packed mask") <
-        0)
+    if (check_indptr(&a->mask_indptr, a->mask.t.shape[0], "the length of the packed mask") < 0)
         return -1;
     const int32_t *mi = a->mask_indptr.t.data;
     for (int64_t b = 0; b < p->num_requests; b++) {
@@ -307,8 +300,7 @@ static int check_q_out(attention_args *a, fi_attention_params *p)
     }
     int64_t d = a->q.t.shape[2];
     if (d != 64 && d != 128 && d != 256) {
-        PyErr_Format(PyExc_ValueError,
-                     "q: head_dim %lld is not supported; accepted: 64, 128, 256",
+        PyErr_Format(PyExc_ValueError, "q: head_dim %lld is not supported; accepted: 64, 128, 256",
                      (long long)d);
         return -1;
     }
@@ -321,8 +313,11 @@ static int check_q_out(attention_args *a, fi_attention_params *p)
     if (check_ndim(&a->out, 3) < 0 || check_last_dim_contiguous(&a->out) < 0)
         return -1;
     for (int i = 0; i < 3; i++)
-        if (check_shape(&a->out, i == 0 ? "rows" : i == 1 ? "heads" : "head_dim", i,
-                        a->q.t.shape[i]) < 0)
+        if (check_shape(&a->out,
+                        i == 0   ? "rows"
+                        : i == 1 ? "heads"
+                                 : "head_dim",
+                        i, a->q.t.shape[i]) < 0)
             return -1;
     if (!is_float_dtype(a->out.t.dtype)) {
         PyErr_Format(PyExc_ValueError,
@@ -356,8 +351,7 @@ static int scalar_error(const char *name, double value, const char *accepted)
 {
     char text[40];
     snprintf(text, sizeof(text), "%g", value);
-    PyErr_Format(PyExc_ValueError, "%s: %s is not accepted; accepted: %s", name, text,
-                 accepted);
+    PyErr_Format(PyExc_ValueError, "%s: %s is not accepted; accepted: %s", name, text, accepted);
     return -1;
 }
 
@@ -368,8 +362,10 @@ static int check_scalars(fi_attention_params *p, const char *layout, const char 
     if (strcmp(layout, "NHD") == 0 || strcmp(layout, "HND") == 0) {
         *hnd = layout[0] == 'H';
     } else {
-        PyErr_Format(PyExc_ValueError, "kv_layout: '%.50s' is not supported; accepted: "
-                     "'NHD', 'HND'", layout);
+        PyErr_Format(PyExc_ValueError,
+                     "kv_layout: '%.50s' is not supported; accepted: "
+                     "'NHD', 'HND'",
+                     layout);
         return -1;
     }
     if (strcmp(pos_mode, "NONE") == 0) {
@@ -448,9 +444,8 @@ static int32_t *host_twin(PyObject *t, const arg_tensor *device_array)
     return h.data;
 }
 static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObject *host_index,
-                                const char *layout,
-                                const char *pos_mode, int causal, long long window_left,
-                                double cap, double sm_scale, double v_scale,
+                                const char *layout, const char *pos_mode, int causal,
+                                long long window_left, double cap, double sm_scale, double v_scale,
                                 double rope_scale, double rope_theta)
 {
     void *stream = NULL;
@@ -499,11 +494,10 @@ static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObjec
             goto done;
         }
         int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = fi_cuda_copy_to_host(host[i], idx[i]->t.data, count * sizeof(int32_t), device,
-                                  stream);
-        Py_END_ALLOW_THREADS
-        if (rc != 0) {
+        Py_BEGIN_ALLOW_THREADS rc =
+            fi_cuda_copy_to_host(host[i], idx[i]->t.data, count * sizeof(int32_t), device, stream);
+        Py_END_ALLOW_THREADS if (rc != 0)
+        {
             PyErr_Format(PyExc_RuntimeError, "attention: reading %s: %s", idx[i]->name,
                          fi_cuda_last_error());
             goto done;
@@ -512,8 +506,8 @@ static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObjec
         idx[i]->t.data = host[i];
     }
     fi_attention_params p;
-    if (check_all(a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale,
-                  rope_scale, rope_theta) < 0)
+    if (check_all(a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale, rope_scale,
+                  rope_theta) < 0)
         goto done;
     /* Planning bounds from the checked host copies. */
     p.device = device;
@@ -534,10 +528,9 @@ static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObjec
     p.kv_last_page_len = device_data[3];
     p.mask_indptr = device_data[4];
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fi_attention_cuda(&p, stream);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
+    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cuda(&p, stream);
+    Py_END_ALLOW_THREADS if (rc != 0)
+    {
         PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
         goto done;
     }
@@ -572,26 +565,27 @@ PyDoc_STRVAR(attention_doc,
 static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     (void)module;
-    static char *kwlist[] = {"q", "k", "v", "out", "lse", "qo_indptr", "kv_indptr",
-                             "kv_indices", "kv_last_page_len", "mask", "mask_indptr",
-                             "kv_layout", "causal", "window_left", "logits_soft_cap",
-                             "sm_scale", "v_scale", "pos_encoding_mode", "rope_scale",
-                             "rope_theta", "num_threads", "stream", "host_index", NULL};
+    static char *kwlist[] = {"q",          "k",           "v",
+                             "out",        "lse",         "qo_indptr",
+                             "kv_indptr",  "kv_indices",  "kv_last_page_len",
+                             "mask",       "mask_indptr", "kv_layout",
+                             "causal",     "window_left", "logits_soft_cap",
+                             "sm_scale",   "v_scale",     "pos_encoding_mode",
+                             "rope_scale", "rope_theta",  "num_threads",
+                             "stream",     "host_index",  NULL};
     attention_args a;
     memset(&a, 0, sizeof(a));
     PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
-             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None,
-             *host_index = Py_None;
+             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None, *host_index = Py_None;
     const char *layout = "NHD", *pos_mode = "NONE";
     int causal = 0, num_threads = 1;
     long long window_left = -1;
     double cap = 0.0, sm_scale = NAN, v_scale = 1.0, rope_scale = 1.0, rope_theta = 1e4;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO|OOOOspLdddsddiOO", kwlist, &a.q.obj,
-                                     &a.k.obj, &a.v.obj, &a.out.obj, &lse, &a.qo_indptr.obj,
-                                     &a.kv_indptr.obj, &kv_indices, &last_page_len, &mask,
-                                     &mask_indptr, &layout, &causal, &window_left, &cap,
-                                     &sm_scale, &v_scale, &pos_mode, &rope_scale, &rope_theta,
-                                     &num_threads, &stream_obj, &host_index))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "OOOOOOO|OOOOspLdddsddiOO", kwlist, &a.q.obj, &a.k.obj, &a.v.obj,
+            &a.out.obj, &lse, &a.qo_indptr.obj, &a.kv_indptr.obj, &kv_indices, &last_page_len,
+            &mask, &mask_indptr, &layout, &causal, &window_left, &cap, &sm_scale, &v_scale,
+            &pos_mode, &rope_scale, &rope_theta, &num_threads, &stream_obj, &host_index))
         return NULL;
     int paged = kv_indices != Py_None;
     if (paged != (last_page_len != Py_None)) {
@@ -621,8 +615,10 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     a.mask.obj = mask == Py_None ? NULL : mask;
     a.mask_indptr.obj = mask == Py_None ? NULL : mask_indptr;
 
-    arg_tensor *all[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.qo_indptr, &a.kv_indptr,
-                         &a.kv_indices, &a.kv_last_page_len, &a.mask, &a.mask_indptr};
+    arg_tensor *all[] = {&a.q,         &a.k,          &a.v,
+                         &a.out,       &a.lse,        &a.qo_indptr,
+                         &a.kv_indptr, &a.kv_indices, &a.kv_last_page_len,
+                         &a.mask,      &a.mask_indptr};
     arg_tensor present[11];
     int n = 0;
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -638,23 +634,19 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     if (a.q.t.device_type == FI_DEVICE_CUDA) {
 #ifdef FI_WITH_CUDA
         return attention_cuda(&a, stream_obj, host_index, layout, pos_mode, causal, window_left,
-                              cap,
-                              sm_scale, v_scale, rope_scale, rope_theta);
+                              cap, sm_scale, v_scale, rope_scale, rope_theta);
 #endif
     }
     fi_attention_params p;
-    if (check_all(&a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale,
-                  rope_scale, rope_theta) < 0)
+    if (check_all(&a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale, rope_scale,
+                  rope_theta) < 0)
         return NULL;
     if (num_threads < 1)
         num_threads = 1;
 
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fi_attention_cpu(&p, num_threads);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cpu(&p, num_threads);
+    Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 

@@ -25,7 +25,9 @@ static int read_arg(tensor_arg *a)
 
 static const char *device_name(const fi_tensor *t)
 {
-    return t->device_type == FI_DEVICE_CPU ? "cpu" : t->device_type == FI_DEVICE_CUDA ? "cuda" : "other";
+    return t->device_type == FI_DEVICE_CPU    ? "cpu"
+           : t->device_type == FI_DEVICE_CUDA ? "cuda"
+                                              : "other";
 }
 
 /* All tensors must share one device: the CPU, or a CUDA device in a build with CUDA. */
@@ -149,8 +151,8 @@ static int check_scalar_f32(const tensor_arg *a)
     if (check_dtype(a, f32, 1) < 0)
         return -1;
     if (fi_tensor_numel(&a->t) != 1) {
-        PyErr_Format(PyExc_ValueError, "%s: expected one float32 value, got %lld elements",
-                     a->name, (long long)fi_tensor_numel(&a->t));
+        PyErr_Format(PyExc_ValueError, "%s: expected one float32 value, got %lld elements", a->name,
+                     (long long)fi_tensor_numel(&a->t));
         return -1;
     }
     return 0;
@@ -231,14 +233,12 @@ static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, tensor_arg *ws
     }
     int rc = 0, lt_done = 0;
     const char *why = "not tried";
-    Py_BEGIN_ALLOW_THREADS
-    if (backend != BMM_NATIVE)
-        lt_done = fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
+    Py_BEGIN_ALLOW_THREADS if (backend != BMM_NATIVE) lt_done =
+        fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
     if (!lt_done && backend != BMM_CUBLASLT_ONLY)
         rc = fi_gemm_fp8_cuda(p);
-    Py_END_ALLOW_THREADS
-    if (!lt_done && backend == BMM_CUBLASLT_ONLY)
-        return PyErr_Format(PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
+    Py_END_ALLOW_THREADS if (!lt_done && backend == BMM_CUBLASLT_ONLY) return PyErr_Format(
+        PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
     return kernel_result(rc, "bmm_fp8");
 #else
     (void)p, (void)backend, (void)ws, (void)lib_dir, (void)out;
@@ -260,14 +260,15 @@ PyDoc_STRVAR(bmm_fp8_doc,
 static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"}, out = {.name = "out"};
+    tensor_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"},
+               bs = {.name = "B_scale"}, out = {.name = "out"};
     tensor_arg ws = {.name = "workspace"};
     int num_threads, backend = BMM_NATIVE;
     unsigned long long stream = 0;
     const char *lib_dir = NULL;
     ws.obj = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOi|KiOz:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj,
-                          &out.obj, &num_threads, &stream, &backend, &ws.obj, &lib_dir))
+    if (!PyArg_ParseTuple(args, "OOOOOi|KiOz:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj, &out.obj,
+                          &num_threads, &stream, &backend, &ws.obj, &lib_dir))
         return NULL;
     if (backend < BMM_NATIVE || backend > BMM_CUBLASLT_ONLY)
         return PyErr_Format(PyExc_ValueError,
@@ -292,12 +293,18 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
                             (long long)B.t.shape[1], (long long)A.t.shape[2]);
     int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
     if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || read_arg(&out) < 0 ||
-        check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&out, half_kinds, 2) < 0 || check_shape(&out, want, 3) < 0 ||
-        check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
+        check_shape(&out, want, 3) < 0 || check_contiguous(&out) < 0 ||
+        check_threads(num_threads) < 0)
         return NULL;
-    fi_gemm_fp8_params p = {.a = A.t, .b = B.t, .out = out.t, .b_layout = FI_GEMM_B_STRIDED,
-                            .a_scale = as.t.data, .b_scale = bs.t.data,
-                            .num_threads = num_threads, .stream = (void *)(uintptr_t)stream};
+    fi_gemm_fp8_params p = {.a = A.t,
+                            .b = B.t,
+                            .out = out.t,
+                            .b_layout = FI_GEMM_B_STRIDED,
+                            .a_scale = as.t.data,
+                            .b_scale = bs.t.data,
+                            .num_threads = num_threads,
+                            .stream = (void *)(uintptr_t)stream};
     if (on_cuda(&A.t))
         return bmm_fp8_cuda(&p, backend, &ws, lib_dir, &out);
     int rc;
@@ -312,7 +319,8 @@ PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\
 static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
+    tensor_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"},
+               out = {.name = "out"};
     int num_threads;
     unsigned long long stream = 0;
     if (!PyArg_ParseTuple(args, "OOOOi|K:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
@@ -341,8 +349,11 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
         check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0 ||
         check_threads(num_threads) < 0)
         return NULL;
-    fi_gemm_fp8_params p = {.out = out.t, .b = b.t, .b_layout = FI_GEMM_B_BLOCK_K128,
-                            .a_scale = n == 3 ? alpha.t.data : NULL, .num_threads = num_threads};
+    fi_gemm_fp8_params p = {.out = out.t,
+                            .b = b.t,
+                            .b_layout = FI_GEMM_B_BLOCK_K128,
+                            .a_scale = n == 3 ? alpha.t.data : NULL,
+                            .num_threads = num_threads};
     /* a as a batch of one: [1, m, k] */
     p.a = a.t;
     p.a.ndim = 3;
@@ -358,8 +369,7 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
 
 static int check_layout(int layout)
 {
-    if (layout == FI_SF_LAYOUT_128X4 || layout == FI_SF_LAYOUT_8X4 ||
-        layout == FI_SF_LAYOUT_LINEAR)
+    if (layout == FI_SF_LAYOUT_128X4 || layout == FI_SF_LAYOUT_8X4 || layout == FI_SF_LAYOUT_LINEAR)
         return 0;
     PyErr_Format(PyExc_ValueError,
                  "sf_layout: %d is not a layout; expected 0 (128x4), 1 (8x4) or 2 (linear)",
@@ -371,8 +381,7 @@ static int check_sf_numel(const tensor_arg *a, int64_t want)
 {
     if (fi_tensor_numel(&a->t) == want)
         return 0;
-    PyErr_Format(PyExc_ValueError,
-                 "%s: holds %lld scale bytes but the layout needs %lld", a->name,
+    PyErr_Format(PyExc_ValueError, "%s: holds %lld scale bytes but the layout needs %lld", a->name,
                  (long long)fi_tensor_numel(&a->t), (long long)want);
     return -1;
 }
@@ -385,11 +394,12 @@ PyDoc_STRVAR(fp4_quantize_doc,
 static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"}, sf = {.name = "sf"};
+    tensor_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
+               sf = {.name = "sf"};
     int sv, ue8m0, layout, inversed, num_threads;
     unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj,
-                          &sv, &ue8m0, &layout, &inversed, &num_threads, &stream))
+    if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
+                          &ue8m0, &layout, &inversed, &num_threads, &stream))
         return NULL;
     tensor_arg *all[4] = {&x, &xq, &sf, &gs};
     int n = gs.obj == Py_None ? 3 : 4;
@@ -417,10 +427,14 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
         check_dtype(&sf, u8, 1) < 0 || check_contiguous(&sf) < 0 ||
         check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
         return NULL;
-    fi_fp4_quantize_params p = {.x = x.t, .x_q = xq.t.data, .sf = sf.t.data,
+    fi_fp4_quantize_params p = {.x = x.t,
+                                .x_q = xq.t.data,
+                                .sf = sf.t.data,
                                 .global_scale = n == 4 ? gs.t.data : NULL,
-                                .global_scale_inversed = inversed, .sf_vec_size = sv,
-                                .sf_ue8m0 = ue8m0, .sf_layout = (fi_sf_layout)layout,
+                                .global_scale_inversed = inversed,
+                                .sf_vec_size = sv,
+                                .sf_ue8m0 = ue8m0,
+                                .sf_layout = (fi_sf_layout)layout,
                                 .num_threads = num_threads,
                                 .stream = (void *)(uintptr_t)stream};
     int rc;
@@ -436,8 +450,8 @@ PyDoc_STRVAR(mm_fp4_doc,
 static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"}, bsf = {.name = "b_descale"}, alpha = {.name = "alpha"},
-               out = {.name = "out"};
+    tensor_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"},
+               bsf = {.name = "b_descale"}, alpha = {.name = "alpha"}, out = {.name = "out"};
     int bs, layout, ue8m0, num_threads;
     unsigned long long stream = 0;
     if (!PyArg_ParseTuple(args, "OOOOOOiipi|K:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
@@ -471,8 +485,7 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
                             (long long)k, bs);
     int64_t want[2] = {m, n_out};
     /* a's scales may be 8x4 (small-m friendly); b's then stay 128x4, as in FlashInfer */
-    fi_sf_layout b_layout =
-        layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
+    fi_sf_layout b_layout = layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
     if (check_dtype(&asf, scales, 3) < 0 || check_dtype(&bsf, scales, 3) < 0 ||
         check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
         check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, b_layout)) < 0)
@@ -488,11 +501,17 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
         check_devices("mm_fp4", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
         check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0)
         return NULL;
-    fi_gemm_fp4_params p = {.a = a.t, .b = b.t, .a_sf = asf.t.data, .b_sf = bsf.t.data,
-                            .sf_layout = (fi_sf_layout)layout, .b_sf_layout = b_layout,
+    fi_gemm_fp4_params p = {.a = a.t,
+                            .b = b.t,
+                            .a_sf = asf.t.data,
+                            .b_sf = bsf.t.data,
+                            .sf_layout = (fi_sf_layout)layout,
+                            .b_sf_layout = b_layout,
                             .block_size = bs,
-                            .sf_ue8m0 = ue8m0, .alpha = n == 5 ? alpha.t.data : NULL,
-                            .out = out.t, .num_threads = num_threads,
+                            .sf_ue8m0 = ue8m0,
+                            .alpha = n == 5 ? alpha.t.data : NULL,
+                            .out = out.t,
+                            .num_threads = num_threads,
                             .stream = (void *)(uintptr_t)stream};
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = run_gemm_fp4(&p);
@@ -513,11 +532,8 @@ static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
         return NULL;
 #ifdef FI_WITH_CUDA
     const char *name;
-    Py_BEGIN_ALLOW_THREADS
-    name = fi_cublaslt_library(lib_dir);
-    Py_END_ALLOW_THREADS
-    if (name)
-        return PyUnicode_DecodeFSDefault(name);
+    Py_BEGIN_ALLOW_THREADS name = fi_cublaslt_library(lib_dir);
+    Py_END_ALLOW_THREADS if (name) return PyUnicode_DecodeFSDefault(name);
 #endif
     Py_RETURN_NONE;
 }

@@ -13,19 +13,32 @@
 static const char *legacy_storage_name(fi_dtype d)
 {
     switch (d) {
-    case FI_DTYPE_F64: return "DoubleStorage";
-    case FI_DTYPE_F32: return "FloatStorage";
-    case FI_DTYPE_F16: return "HalfStorage";
-    case FI_DTYPE_BF16: return "BFloat16Storage";
-    case FI_DTYPE_I64: return "LongStorage";
-    case FI_DTYPE_I32: return "IntStorage";
-    case FI_DTYPE_I16: return "ShortStorage";
-    case FI_DTYPE_I8: return "CharStorage";
-    case FI_DTYPE_U8: return "ByteStorage";
-    case FI_DTYPE_BOOL: return "BoolStorage";
-    case FI_DTYPE_C64: return "ComplexFloatStorage";
-    case FI_DTYPE_C128: return "ComplexDoubleStorage";
-    default: return NULL;
+    case FI_DTYPE_F64:
+        return "DoubleStorage";
+    case FI_DTYPE_F32:
+        return "FloatStorage";
+    case FI_DTYPE_F16:
+        return "HalfStorage";
+    case FI_DTYPE_BF16:
+        return "BFloat16Storage";
+    case FI_DTYPE_I64:
+        return "LongStorage";
+    case FI_DTYPE_I32:
+        return "IntStorage";
+    case FI_DTYPE_I16:
+        return "ShortStorage";
+    case FI_DTYPE_I8:
+        return "CharStorage";
+    case FI_DTYPE_U8:
+        return "ByteStorage";
+    case FI_DTYPE_BOOL:
+        return "BoolStorage";
+    case FI_DTYPE_C64:
+        return "ComplexFloatStorage";
+    case FI_DTYPE_C128:
+        return "ComplexDoubleStorage";
+    default:
+        return NULL;
     }
 }
 
@@ -112,16 +125,34 @@ int fi_pickle_write_tensors(fi_buf *b, const fi_saved_tensor *ts, size_t n)
 
 /* ---- reader ---- */
 
-typedef enum { V_MARK, V_NONE, V_BOOL, V_INT, V_STR, V_TUPLE, V_GLOBAL, V_STORAGE, V_TENSOR, V_DICT } vkind;
-typedef enum { G_REBUILD_V2, G_REBUILD_V3, G_ODICT, G_TYPED_STORAGE, G_UNTYPED_STORAGE, G_DTYPE } gkind;
+typedef enum {
+    V_MARK,
+    V_NONE,
+    V_BOOL,
+    V_INT,
+    V_STR,
+    V_TUPLE,
+    V_GLOBAL,
+    V_STORAGE,
+    V_TENSOR,
+    V_DICT
+} vkind;
+typedef enum {
+    G_REBUILD_V2,
+    G_REBUILD_V3,
+    G_ODICT,
+    G_TYPED_STORAGE,
+    G_UNTYPED_STORAGE,
+    G_DTYPE
+} gkind;
 
 typedef struct value {
     vkind kind;
     gkind g;
-    fi_dtype dtype;      /* G_TYPED_STORAGE, G_DTYPE, V_STORAGE, V_TENSOR */
-    int untyped;         /* V_STORAGE from UntypedStorage */
-    int64_t i;           /* V_INT, V_BOOL; V_STORAGE: bytes */
-    const char *s;       /* V_STR; V_STORAGE: record key */
+    fi_dtype dtype; /* G_TYPED_STORAGE, G_DTYPE, V_STORAGE, V_TENSOR */
+    int untyped;    /* V_STORAGE from UntypedStorage */
+    int64_t i;      /* V_INT, V_BOOL; V_STORAGE: bytes */
+    const char *s;  /* V_STR; V_STORAGE: record key */
     size_t n;
     struct value **items; /* V_TUPLE items; V_DICT key, value pairs */
     size_t nitems, cap;
@@ -217,7 +248,10 @@ static const uint8_t *take(reader *r, size_t k)
     return q;
 }
 
-static uint32_t le32(const uint8_t *q) { return q[0] | q[1] << 8 | q[2] << 16 | (uint32_t)q[3] << 24; }
+static uint32_t le32(const uint8_t *q)
+{
+    return q[0] | q[1] << 8 | q[2] << 16 | (uint32_t)q[3] << 24;
+}
 
 /* Pops items down to the topmost mark into a new tuple. */
 static value *pop_to_mark(reader *r)
@@ -403,8 +437,8 @@ static value *reduce(reader *r, value *fn, value *args)
     size_t base = v3 ? 7 : 6;
     value **a = args->items;
     if (args->nitems < base || args->nitems > base + 1 || a[0]->kind != V_STORAGE ||
-        a[0]->untyped != v3 || a[1]->kind != V_INT || a[4]->kind != V_BOOL ||
-        !empty_hooks(a[5]) || (v3 && (a[6]->kind != V_GLOBAL || a[6]->g != G_DTYPE)) ||
+        a[0]->untyped != v3 || a[1]->kind != V_INT || a[4]->kind != V_BOOL || !empty_hooks(a[5]) ||
+        (v3 && (a[6]->kind != V_GLOBAL || a[6]->g != G_DTYPE)) ||
         (args->nitems == base + 1 && !empty_hooks(a[base]))) {
         fail(r, "unexpected arguments to _rebuild_tensor_v%d", v3 ? 3 : 2);
         return NULL;
@@ -659,8 +693,8 @@ void fi_pickle_free_tensors(fi_loaded_tensor *ts, size_t count)
     PyMem_Free(ts);
 }
 
-int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path,
-                           fi_loaded_tensor **out, size_t *count)
+int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path, fi_loaded_tensor **out,
+                           size_t *count)
 {
     reader r = {.p = p, .n = n, .path = path};
     value *result = NULL;

@@ -14,8 +14,8 @@ int fi_pickle_write_tensors(fi_buf *b, const fi_saved_tensor *ts, size_t n);
  * descriptions (keys owned, storage_key pointing into p; free with
  * fi_pickle_free_tensors). Anything else raises ValueError naming path and the
  * opcode or global. */
-int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path,
-                           fi_loaded_tensor **out, size_t *count);
+int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path, fi_loaded_tensor **out,
+                           size_t *count);
 
 void fi_pickle_free_tensors(fi_loaded_tensor *ts, size_t count);
 

@@ -301,8 +301,7 @@ static int zip64_extra(const uint8_t *x, size_t len, uint64_t *usize, uint64_t *
     return 0;
 }
 
-static int read_entries(const char *path, const uint8_t *d, size_t size, entry **out,
-                        size_t *nout)
+static int read_entries(const char *path, const uint8_t *d, size_t size, entry **out, size_t *nout)
 {
     uint64_t cd_off, cd_size, count;
     if (find_central(path, d, size, &cd_off, &cd_size, &count) < 0)
@@ -360,9 +359,8 @@ static int read_entries(const char *path, const uint8_t *d, size_t size, entry *
     return 0;
 }
 
-static const entry *find_entry(const entry *es, size_t n, const uint8_t *prefix,
-                               size_t prefix_len, const char *mid, const char *name,
-                               size_t name_len)
+static const entry *find_entry(const entry *es, size_t n, const uint8_t *prefix, size_t prefix_len,
+                               const char *mid, const char *name, size_t name_len)
 {
     size_t mid_len = strlen(mid);
     for (size_t i = 0; i < n; i++) {

@@ -14,15 +14,24 @@
 #define META_GRAD "flashinfer.requires_grad"
 
 static const char *const st_codes[FI_DTYPE_COUNT] = {
-    [FI_DTYPE_F64] = "F64",          [FI_DTYPE_F32] = "F32",
-    [FI_DTYPE_F16] = "F16",          [FI_DTYPE_BF16] = "BF16",
-    [FI_DTYPE_E4M3FN] = "F8_E4M3",   [FI_DTYPE_E5M2] = "F8_E5M2",
-    [FI_DTYPE_E4M3FNUZ] = "F8_E4M3FNUZ", [FI_DTYPE_E5M2FNUZ] = "F8_E5M2FNUZ",
-    [FI_DTYPE_I64] = "I64",          [FI_DTYPE_I32] = "I32",
-    [FI_DTYPE_I16] = "I16",          [FI_DTYPE_I8] = "I8",
-    [FI_DTYPE_U8] = "U8",            [FI_DTYPE_U16] = "U16",
-    [FI_DTYPE_U32] = "U32",          [FI_DTYPE_U64] = "U64",
-    [FI_DTYPE_BOOL] = "BOOL",        [FI_DTYPE_C64] = "C64",
+    [FI_DTYPE_F64] = "F64",
+    [FI_DTYPE_F32] = "F32",
+    [FI_DTYPE_F16] = "F16",
+    [FI_DTYPE_BF16] = "BF16",
+    [FI_DTYPE_E4M3FN] = "F8_E4M3",
+    [FI_DTYPE_E5M2] = "F8_E5M2",
+    [FI_DTYPE_E4M3FNUZ] = "F8_E4M3FNUZ",
+    [FI_DTYPE_E5M2FNUZ] = "F8_E5M2FNUZ",
+    [FI_DTYPE_I64] = "I64",
+    [FI_DTYPE_I32] = "I32",
+    [FI_DTYPE_I16] = "I16",
+    [FI_DTYPE_I8] = "I8",
+    [FI_DTYPE_U8] = "U8",
+    [FI_DTYPE_U16] = "U16",
+    [FI_DTYPE_U32] = "U32",
+    [FI_DTYPE_U64] = "U64",
+    [FI_DTYPE_BOOL] = "BOOL",
+    [FI_DTYPE_C64] = "C64",
 };
 
 static int is_contiguous(const fi_tensor *t)
@@ -222,8 +231,7 @@ static PyObject *meta_json(const char *path, PyObject *meta, const char *name)
 }
 
 static int fill_tensor(const char *path, PyObject *key, PyObject *info, uint64_t data_start,
-                       uint64_t data_len, PyObject *strides, PyObject *grads,
-                       fi_loaded_tensor *lt)
+                       uint64_t data_len, PyObject *strides, PyObject *grads, fi_loaded_tensor *lt)
 {
     if (!PyDict_Check(info))
         return st_error(path, "entry %R is not an object", key);
@@ -296,8 +304,10 @@ PyObject *fi_safetensors_read(const char *path, PyObject *mm, const uint8_t *dat
         return NULL;
     PyObject *result = NULL, *strides = NULL, *grads = NULL;
     if (!PyDict_Check(header)) {
-        PyErr_Format(PyExc_ValueError, "%s: not a valid safetensors file: header is not a "
-                     "JSON object", path);
+        PyErr_Format(PyExc_ValueError,
+                     "%s: not a valid safetensors file: header is not a "
+                     "JSON object",
+                     path);
         goto done;
     }
     PyObject *meta = PyDict_GetItemString(header, "__metadata__");

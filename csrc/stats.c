@@ -55,8 +55,9 @@ static int layout_from_tensor(const fi_tensor *t, int64_t esize, stats_layout *L
             continue;
         }
         int64_t extent; /* (size - 1) * |step| */
-        if (step == INT64_MIN || __builtin_mul_overflow(size - 1, step < 0 ? -step : step, &extent)
-            || __builtin_add_overflow(span, extent, &span))
+        if (step == INT64_MIN ||
+            __builtin_mul_overflow(size - 1, step < 0 ? -step : step, &extent) ||
+            __builtin_add_overflow(span, extent, &span))
             return -1;
         if (step < 0) {
             base -= extent;
@@ -121,7 +122,7 @@ static void layout_walk(const stats_layout *L, row_fn row, void *acc)
 
 /* ---- row kernels -------------------------------------------------------------------- */
 
-#define LANES 8 /* independent integer accumulators */
+#define LANES 8     /* independent integer accumulators */
 #define CHUNK 65536 /* elements per flush of the 32-bit lane counters */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
@@ -462,13 +463,13 @@ ALWAYS_INLINE void narrow_int_row(int_acc *a, const char *p, int64_t n, int64_t 
     }
 }
 
-#define NARROW_INT_ROW(NAME, SIZE, KIND)                                                       \
-    static void NAME(void *a, const char *p, int64_t n, int64_t step)                          \
-    {                                                                                          \
-        if (step == SIZE)                                                                      \
-            narrow_int_row(a, p, n, SIZE, KIND);                                               \
-        else                                                                                   \
-            narrow_int_row(a, p, n, step, KIND);                                               \
+#define NARROW_INT_ROW(NAME, SIZE, KIND)                                                           \
+    static void NAME(void *a, const char *p, int64_t n, int64_t step)                              \
+    {                                                                                              \
+        if (step == SIZE)                                                                          \
+            narrow_int_row(a, p, n, SIZE, KIND);                                                   \
+        else                                                                                       \
+            narrow_int_row(a, p, n, step, KIND);                                                   \
     }
 
 NARROW_INT_ROW(row_i16, 2, LOAD_I16)
@@ -731,16 +732,16 @@ static int float_stats_with_torch_ops(PyObject *tensor, fi_dtype dtype, fi_stats
         x = PyObject_CallMethod(tensor, "float", NULL);
     if (!x || !(nan = PyObject_CallMethod(x, "isnan", NULL)))
         goto done;
-    if (!(t[0] = PyObject_CallMethod(x, "masked_fill", "Od", nan, INFINITY))
-        || !(t[1] = PyObject_CallMethod(x, "masked_fill", "Od", nan, -INFINITY))
-        || !(t[2] = PyObject_CallMethod(x, "masked_fill", "Od", nan, 0.0))
-        || !(t[3] = PyObject_CallMethod(x, "isinf", NULL)))
+    if (!(t[0] = PyObject_CallMethod(x, "masked_fill", "Od", nan, INFINITY)) ||
+        !(t[1] = PyObject_CallMethod(x, "masked_fill", "Od", nan, -INFINITY)) ||
+        !(t[2] = PyObject_CallMethod(x, "masked_fill", "Od", nan, 0.0)) ||
+        !(t[3] = PyObject_CallMethod(x, "isinf", NULL)))
         goto done;
-    if (!(vals[0] = PyObject_CallMethod(t[0], "amin", NULL))
-        || !(vals[1] = PyObject_CallMethod(t[1], "amax", NULL))
-        || !(vals[2] = call_with_dtype(t[2], "sum", f64))
-        || !(vals[3] = call_with_dtype(nan, "sum", f64))
-        || !(vals[4] = call_with_dtype(t[3], "sum", f64)))
+    if (!(vals[0] = PyObject_CallMethod(t[0], "amin", NULL)) ||
+        !(vals[1] = PyObject_CallMethod(t[1], "amax", NULL)) ||
+        !(vals[2] = call_with_dtype(t[2], "sum", f64)) ||
+        !(vals[3] = call_with_dtype(nan, "sum", f64)) ||
+        !(vals[4] = call_with_dtype(t[3], "sum", f64)))
         goto done;
     for (int i = 0; i < 2; i++) {
         PyObject *d = PyObject_CallMethod(vals[i], "double", NULL);
@@ -748,8 +749,8 @@ static int float_stats_with_torch_ops(PyObject *tensor, fi_dtype dtype, fi_stats
             goto done;
         Py_SETREF(vals[i], d);
     }
-    stacked = PyObject_CallMethod(torch, "stack", "((OOOOO))", vals[0], vals[1], vals[2],
-                                  vals[3], vals[4]);
+    stacked = PyObject_CallMethod(torch, "stack", "((OOOOO))", vals[0], vals[1], vals[2], vals[3],
+                                  vals[4]);
     if (!stacked || !(list = PyObject_CallMethod(stacked, "tolist", NULL)))
         goto done;
     double r[5];
@@ -789,8 +790,8 @@ done:
 /* Reads a 0-d tensor's reduction (method name) as a Python number via .item(). */
 static PyObject *reduce_item(PyObject *tensor, const char *name, PyObject *dtype)
 {
-    PyObject *r = dtype ? call_with_dtype(tensor, name, dtype)
-                        : PyObject_CallMethod(tensor, name, NULL);
+    PyObject *r =
+        dtype ? call_with_dtype(tensor, name, dtype) : PyObject_CallMethod(tensor, name, NULL);
     if (!r)
         return NULL;
     Py_SETREF(r, PyObject_CallMethod(r, "item", NULL));
@@ -884,8 +885,7 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
     int64_t numel = fi_tensor_numel(t);
     int rc;
     if (numel > 0 && numel >= STATS_NOGIL_BYTES / (int64_t)fi_dtype_size(t->dtype)) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = fi_stats_compute(t, out);
+        Py_BEGIN_ALLOW_THREADS rc = fi_stats_compute(t, out);
         Py_END_ALLOW_THREADS
     } else {
         rc = fi_stats_compute(t, out);
@@ -958,10 +958,9 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
         return 0;
     double r[5];
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fi_stats_cuda(t, stream, r);
-    Py_END_ALLOW_THREADS
-    if (rc != 0) {
+    Py_BEGIN_ALLOW_THREADS rc = fi_stats_cuda(t, stream, r);
+    Py_END_ALLOW_THREADS if (rc != 0)
+    {
         PyErr_Format(PyExc_RuntimeError, "%s", fi_cuda_last_error());
         return -1;
     }
@@ -1147,19 +1146,19 @@ static PyObject *stats_to_python(const fi_stats *st)
         return NULL;
     int bad;
     if (st->kind == FI_STATS_FLOAT) {
-        bad = dict_set(d, "min", PyFloat_FromDouble(st->min)) < 0
-              || dict_set(d, "max", PyFloat_FromDouble(st->max)) < 0
-              || dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0
-              || dict_set(d, "nan_count", PyLong_FromLongLong(st->nan_count)) < 0
-              || dict_set(d, "inf_count", PyLong_FromLongLong(st->inf_count)) < 0;
+        bad = dict_set(d, "min", PyFloat_FromDouble(st->min)) < 0 ||
+              dict_set(d, "max", PyFloat_FromDouble(st->max)) < 0 ||
+              dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0 ||
+              dict_set(d, "nan_count", PyLong_FromLongLong(st->nan_count)) < 0 ||
+              dict_set(d, "inf_count", PyLong_FromLongLong(st->inf_count)) < 0;
     } else if (st->is_unsigned64) {
-        bad = dict_set(d, "min", PyLong_FromUnsignedLongLong(st->umin)) < 0
-              || dict_set(d, "max", PyLong_FromUnsignedLongLong(st->umax)) < 0
-              || dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0;
+        bad = dict_set(d, "min", PyLong_FromUnsignedLongLong(st->umin)) < 0 ||
+              dict_set(d, "max", PyLong_FromUnsignedLongLong(st->umax)) < 0 ||
+              dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0;
     } else {
-        bad = dict_set(d, "min", PyLong_FromLongLong(st->imin)) < 0
-              || dict_set(d, "max", PyLong_FromLongLong(st->imax)) < 0
-              || dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0;
+        bad = dict_set(d, "min", PyLong_FromLongLong(st->imin)) < 0 ||
+              dict_set(d, "max", PyLong_FromLongLong(st->imax)) < 0 ||
+              dict_set(d, "mean", PyFloat_FromDouble(st->mean)) < 0;
     }
     if (bad) {
         Py_DECREF(d);

@@ -10,11 +10,11 @@
 #include "strbuf.h"
 
 typedef enum {
-    FI_STATS_NONE = 0,         /* empty tensor or a dtype without statistics */
-    FI_STATS_FLOAT,            /* every floating dtype, float8 kinds included */
-    FI_STATS_INT,              /* integers and bool (bool as 0/1) */
-    FI_STATS_SKIPPED_CAPTURE,  /* CUDA tensor while its stream captures a graph */
-    FI_STATS_DEFERRED,         /* captured: a kernel prints them on each replay (id) */
+    FI_STATS_NONE = 0,        /* empty tensor or a dtype without statistics */
+    FI_STATS_FLOAT,           /* every floating dtype, float8 kinds included */
+    FI_STATS_INT,             /* integers and bool (bool as 0/1) */
+    FI_STATS_SKIPPED_CAPTURE, /* CUDA tensor while its stream captures a graph */
+    FI_STATS_DEFERRED,        /* captured: a kernel prints them on each replay (id) */
 } fi_stats_kind;
 
 typedef struct {

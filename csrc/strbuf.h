@@ -9,10 +9,10 @@
 #define FI_BUF_INLINE 512
 
 typedef struct {
-    char *data;   /* inline or heap, always NUL-terminated */
+    char *data; /* inline or heap, always NUL-terminated */
     size_t len;
     size_t cap;
-    int oom;      /* set once an allocation failed; later appends are ignored */
+    int oom; /* set once an allocation failed; later appends are ignored */
     char inline_data[FI_BUF_INLINE];
 } fi_buf;
 

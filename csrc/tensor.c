@@ -181,8 +181,7 @@ static int read_device(PyObject *obj, fi_tensor *out)
 int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
 {
     if (!fi_is_tensor(obj)) {
-        PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %.200s",
-                     Py_TYPE(obj)->tp_name);
+        PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %.200s", Py_TYPE(obj)->tp_name);
         return -1;
     }
     memset(out, 0, sizeof(*out));

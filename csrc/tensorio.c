@@ -90,9 +90,8 @@ int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at)
 
 /* ---- sizes ---- */
 
-int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim,
-                  const int64_t *shape, const int64_t *stride, uint64_t *nbytes,
-                  uint64_t *span_elems)
+int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim, const int64_t *shape,
+                  const int64_t *stride, uint64_t *nbytes, uint64_t *span_elems)
 {
     uint64_t isz = fi_dtype_size(dtype), numel = 1, span = 1;
     for (int i = 0; i < ndim; i++) {
@@ -197,8 +196,8 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s)
     Py_DECREF(rg);
     s->itemsize = fi_dtype_size(s->t.dtype);
     uint64_t span;
-    if (fi_view_bytes("tensors", key, s->t.dtype, s->t.ndim, s->t.shape, s->t.stride,
-                      &s->nbytes, &span) < 0)
+    if (fi_view_bytes("tensors", key, s->t.dtype, s->t.ndim, s->t.shape, s->t.stride, &s->nbytes,
+                      &span) < 0)
         return -1;
     s->span_bytes = span * s->itemsize;
     return 0;
@@ -278,8 +277,7 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
         return -1;
     }
     if (format != FI_FORMAT_TORCH && format != FI_FORMAT_SAFETENSORS) {
-        PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS",
-                     format);
+        PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
         return -1;
     }
     fi_saved_tensor *ts;
@@ -299,10 +297,8 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
     }
     uint64_t written = 0;
     int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = write_file(path, format, ts, n, &header, &written);
-    Py_END_ALLOW_THREADS
-    fi_buf_free(&header);
+    Py_BEGIN_ALLOW_THREADS err = write_file(path, format, ts, n, &header, &written);
+    Py_END_ALLOW_THREADS fi_buf_free(&header);
     free_saved(ts, n);
     if (err) {
         errno = err;
@@ -367,9 +363,9 @@ static PyObject *shape_view(PyObject *bytes, const fi_loaded_tensor *lt, const i
     if (!typed)
         return NULL;
     PyObject *shape = int_tuple(lt->shape, lt->ndim), *st = int_tuple(stride, lt->ndim);
-    PyObject *t = shape && st ? PyObject_CallMethod(typed, "as_strided", "OOL", shape, st,
-                                                    (long long)offset)
-                              : NULL;
+    PyObject *t =
+        shape && st ? PyObject_CallMethod(typed, "as_strided", "OOL", shape, st, (long long)offset)
+                    : NULL;
     Py_XDECREF(shape);
     Py_XDECREF(st);
     Py_DECREF(typed);
@@ -402,8 +398,8 @@ static void scatter(char *dst, const char *src, const fi_loaded_tensor *lt, size
 
 /* Contiguous file data restored to the recorded strides: copied into a fresh storage of
  * the view's span. A span far beyond the data (hostile strides) keeps contiguous ones. */
-static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt,
-                                 uint64_t span, size_t isz)
+static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt, uint64_t span,
+                                 size_t isz)
 {
     int64_t expect = 1;
     int same = 1;
@@ -446,8 +442,8 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
     }
     size_t isz = fi_dtype_size(lt->dtype);
     uint64_t nbytes, span;
-    if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes,
-                      &span) < 0)
+    if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes, &span) <
+        0)
         return NULL;
     PyObject *t = NULL;
     if (lt->contiguous_in_file) {
@@ -555,7 +551,7 @@ static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|s:save_tensors", kwlist,
                                      PyUnicode_FSConverter, &path, &dict, &format))
         return NULL;
-    int f = strcmp(format, "torch") == 0 ? FI_FORMAT_TORCH
+    int f = strcmp(format, "torch") == 0         ? FI_FORMAT_TORCH
             : strcmp(format, "safetensors") == 0 ? FI_FORMAT_SAFETENSORS
                                                  : -1;
     if (f < 0) {

@@ -25,7 +25,7 @@ typedef struct {
     PyObject *key_obj; /* owned: the dict key (a str) */
     const char *key;   /* its UTF-8, valid while key_obj lives */
     size_t key_len;
-    PyObject *obj;   /* owned: the tensor (its host copy for CUDA tensors) */
+    PyObject *obj; /* owned: the tensor (its host copy for CUDA tensors) */
     fi_tensor t;
     int requires_grad;
     size_t itemsize;
@@ -48,7 +48,7 @@ int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at);
 
 /* A tensor description read from a file, before it becomes a torch.Tensor. */
 typedef struct {
-    PyObject *key;      /* owned str */
+    PyObject *key; /* owned str */
     fi_dtype dtype;
     int ndim;
     int64_t shape[FI_MAX_DIMS];
@@ -57,7 +57,7 @@ typedef struct {
     uint64_t data_offset;   /* byte offset of the storage in the file */
     uint64_t data_nbytes;   /* bytes of the storage */
     int requires_grad;
-    int contiguous_in_file; /* data stored contiguous; the recorded strides are restored */
+    int contiguous_in_file;  /* data stored contiguous; the recorded strides are restored */
     const char *storage_key; /* .pt: the storage's record name inside data/ (borrowed) */
     size_t storage_key_len;
 } fi_loaded_tensor;
@@ -69,8 +69,7 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
 
 /* numel * itemsize and the span of a strided view in bytes, checking overflow and
  * negative sizes; -1 with ValueError naming path/key on a bad description. */
-int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim,
-                  const int64_t *shape, const int64_t *stride, uint64_t *nbytes,
-                  uint64_t *span_elems);
+int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim, const int64_t *shape,
+                  const int64_t *stride, uint64_t *nbytes, uint64_t *span_elems);
 
 #endif

@@ -11,10 +11,18 @@
 #include "strbuf.h"
 #include "tensor.h"
 
-#define SEP_LINE "================================================================================\n"
-#define DASH_LINE "--------------------------------------------------------------------------------\n"
+#define SEP_LINE                                                                                   \
+    "================================================================================\n"
+#define DASH_LINE                                                                                  \
+    "--------------------------------------------------------------------------------\n"
 
-enum { KIND_POSITIONAL_ONLY, KIND_POSITIONAL_OR_KEYWORD, KIND_VAR_POSITIONAL, KIND_KEYWORD_ONLY, KIND_VAR_KEYWORD };
+enum {
+    KIND_POSITIONAL_ONLY,
+    KIND_POSITIONAL_OR_KEYWORD,
+    KIND_VAR_POSITIONAL,
+    KIND_KEYWORD_ONLY,
+    KIND_VAR_KEYWORD
+};
 
 typedef struct {
     PyObject *name;
@@ -23,8 +31,7 @@ typedef struct {
 } param_info;
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *func;
+    PyObject_HEAD PyObject *func;
     fi_logger *logger;
     PyObject *dict;
     PyObject *weakrefs;
@@ -39,8 +46,7 @@ typedef struct {
 } fi_wrapper;
 
 typedef struct {
-    PyObject_HEAD
-    fi_wrapper *wrapper;
+    PyObject_HEAD fi_wrapper *wrapper;
     PyObject *self;
     vectorcallfunc vectorcall;
 } fi_bound;
@@ -70,8 +76,7 @@ static PyObject *method_name_for(fi_wrapper *w, PyObject *cls)
  * of the first argument when that type resolves the attribute to this very wrapper,
  * else the class named in __qualname__ (then *self is set to that argument).
  * Borrowed reference; NULL with exception. */
-static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args,
-                          Py_ssize_t nargs)
+static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!w->owner_name)
         return w->name;
@@ -222,8 +227,8 @@ static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
 
 /* args holds every argument (self first for bound calls); self is the bound object
  * or NULL. Logging failures are reported in the log and never reach the caller. */
-static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *args,
-                                size_t nargsf, PyObject *kwnames)
+static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames)
 {
     fi_logger *lg = w->logger;
     int level = lg->cfg.level;
@@ -346,7 +351,8 @@ static int parse_params(fi_wrapper *w, PyObject *params)
 {
     if (params == Py_None)
         return 0;
-    PyObject *seq = PySequence_Fast(params, "params must be a sequence of (name, kind, has_default, default)");
+    PyObject *seq =
+        PySequence_Fast(params, "params must be a sequence of (name, kind, has_default, default)");
     if (!seq)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -645,15 +651,9 @@ static PyMemberDef bound_members[] = {
 };
 
 static PyType_Slot bound_slots[] = {
-    {Py_tp_dealloc, bound_dealloc},
-    {Py_tp_traverse, bound_traverse},
-    {Py_tp_clear, bound_clear},
-    {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_getattro, bound_getattro},
-    {Py_tp_repr, bound_repr},
-    {Py_tp_getset, bound_getset},
-    {Py_tp_members, bound_members},
-    {0, NULL},
+    {Py_tp_dealloc, bound_dealloc},  {Py_tp_traverse, bound_traverse}, {Py_tp_clear, bound_clear},
+    {Py_tp_call, PyVectorcall_Call}, {Py_tp_getattro, bound_getattro}, {Py_tp_repr, bound_repr},
+    {Py_tp_getset, bound_getset},    {Py_tp_members, bound_members},   {0, NULL},
 };
 
 static PyType_Spec bound_spec = {

@@ -9,8 +9,8 @@
 #include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
-#define KV_BLOCK 32      /* keys converted to f32 at a time */
-#define TILE_VECTORS 64  /* query vectors (rows x heads in a group) per task, at least */
+#define KV_BLOCK 32     /* keys converted to f32 at a time */
+#define TILE_VECTORS 64 /* query vectors (rows x heads in a group) per task, at least */
 #define LOG2E 1.4426950408889634f
 
 /* On x86-64 Linux the per-task loop is also built for AVX2+FMA and picked at load time;
@@ -29,13 +29,13 @@ typedef struct {
 
 /* Per-thread scratch: converted queries, accumulators, one KV block. */
 typedef struct {
-    float *qf;   /* [vectors][D] rotated, pre-scaled queries */
-    float *acc;  /* [vectors][D] */
+    float *qf;    /* [vectors][D] rotated, pre-scaled queries */
+    float *acc;   /* [vectors][D] */
     float *m, *l; /* [vectors] running max and sum */
-    float *kt;   /* [D][KV_BLOCK] keys, transposed so the dot loop vectorizes */
-    float *vf;   /* [KV_BLOCK][D] */
-    float *row;  /* [D] one converted row */
-    float *freq; /* [D / 2] RoPE frequencies */
+    float *kt;    /* [D][KV_BLOCK] keys, transposed so the dot loop vectorizes */
+    float *vf;    /* [KV_BLOCK][D] */
+    float *row;   /* [D] one converted row */
+    float *freq;  /* [D / 2] RoPE frequencies */
     float fp8_table[256];
 } scratch;
 
@@ -67,7 +67,7 @@ FI_INLINE float half_to_float(uint16_t h)
 }
 
 FI_INLINE void load_row(const void *src, fi_dtype dtype, int64_t n, float *dst,
-                     const float *fp8_table)
+                        const float *fp8_table)
 {
     switch (dtype) {
     case FI_DTYPE_F16: {
@@ -123,8 +123,8 @@ FI_INLINE void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
 }
 
 FI_INLINE const char *kv_address(const fi_attention_params *p, const void *base, int64_t b,
-                              int64_t j, int64_t head, int64_t stride_page,
-                              int64_t stride_n, int64_t stride_h)
+                                 int64_t j, int64_t head, int64_t stride_page, int64_t stride_n,
+                                 int64_t stride_h)
 {
     int64_t page = 0, slot;
     if (p->paged) {
@@ -139,27 +139,27 @@ FI_INLINE const char *kv_address(const fi_attention_params *p, const void *base,
 
 /* The visible key range [lo, hi] of query row `row` from causality and the window. */
 FI_INLINE void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len,
-                          int64_t kv_len, int64_t *lo, int64_t *hi)
+                             int64_t kv_len, int64_t *lo, int64_t *hi)
 {
     int64_t pos = row + kv_len - qo_len;
     *hi = p->causal ? (pos < kv_len - 1 ? pos : kv_len - 1) : kv_len - 1;
     *lo = p->window_left >= 0 && pos - p->window_left > 0 ? pos - p->window_left : 0;
 }
 
-FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b,
-                          int64_t kv_head, int64_t j0, int64_t nb)
+FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b, int64_t kv_head,
+                             int64_t j0, int64_t nb)
 {
     int64_t d = p->head_dim;
     for (int64_t j = 0; j < nb; j++) {
-        const char *ka = kv_address(p, p->k, b, j0 + j, kv_head, p->k_stride_page,
-                                    p->k_stride_n, p->k_stride_h);
+        const char *ka =
+            kv_address(p, p->k, b, j0 + j, kv_head, p->k_stride_page, p->k_stride_n, p->k_stride_h);
         load_row(ka, p->kv_dtype, d, sc->row, sc->fp8_table);
         if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
             apply_rope(sc->row, d, sc->freq, j0 + j);
         for (int64_t i = 0; i < d; i++)
             sc->kt[i * KV_BLOCK + j] = sc->row[i];
-        const char *va = kv_address(p, p->v, b, j0 + j, kv_head, p->v_stride_page,
-                                    p->v_stride_n, p->v_stride_h);
+        const char *va =
+            kv_address(p, p->v, b, j0 + j, kv_head, p->v_stride_page, p->v_stride_n, p->v_stride_h);
         load_row(va, p->kv_dtype, d, sc->vf + j * d, sc->fp8_table);
     }
     for (int64_t j = nb; j < KV_BLOCK; j++)
@@ -168,9 +168,9 @@ FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t 
 }
 
 /* One query vector against one loaded KV block: scores, masks, online-softmax update. */
-FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec,
-                         int64_t b, int64_t row, int64_t kv_len, int64_t j0, int64_t nb,
-                         int64_t lo, int64_t hi)
+FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec, int64_t b,
+                            int64_t row, int64_t kv_len, int64_t j0, int64_t nb, int64_t lo,
+                            int64_t hi)
 {
     int64_t d = p->head_dim;
     const float *q = sc->qf + vec * d;
@@ -240,9 +240,9 @@ FI_VECTOR_CLONES static void run_task(const job *jb, scratch *sc, const task *t)
         int64_t row = t->row0 + r;
         for (int64_t gi = 0; gi < g; gi++) {
             int64_t vec = r * g + gi, head = t->kv_head * g + gi;
-            const char *qa = (const char *)p->q +
-                             ((qo_start + row) * p->q_stride_n + head * p->q_stride_h) *
-                                 (int64_t)qsize;
+            const char *qa =
+                (const char *)p->q +
+                ((qo_start + row) * p->q_stride_n + head * p->q_stride_h) * (int64_t)qsize;
             float *qf = sc->qf + vec * d;
             load_row(qa, p->q_dtype, d, qf, NULL);
             if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
@@ -314,15 +314,14 @@ static int scratch_init(scratch *sc, const job *jb)
     sc->vf = malloc(d * KV_BLOCK * sizeof(float));
     sc->row = malloc(d * sizeof(float));
     sc->freq = malloc((d / 2 + 1) * sizeof(float));
-    if (!sc->qf || !sc->acc || !sc->m || !sc->l || !sc->kt || !sc->vf || !sc->row ||
-        !sc->freq) {
+    if (!sc->qf || !sc->acc || !sc->m || !sc->l || !sc->kt || !sc->vf || !sc->row || !sc->freq) {
         scratch_free(sc);
         return -1;
     }
     /* FlashInfer: freq_i = (1 / rope_scale) * (1 / rope_theta)^(2i / D). */
     for (size_t i = 0; i < d / 2; i++)
-        sc->freq[i] = (1.0f / p->rope_scale) *
-                      powf(1.0f / p->rope_theta, (float)(2 * i) / (float)d);
+        sc->freq[i] =
+            (1.0f / p->rope_scale) * powf(1.0f / p->rope_theta, (float)(2 * i) / (float)d);
     for (int i = 0; i < 256; i++)
         sc->fp8_table[i] = p->kv_dtype == FI_DTYPE_E5M2     ? fi_e5m2_to_f32((uint8_t)i)
                            : p->kv_dtype == FI_DTYPE_E4M3FN ? fi_e4m3fn_to_f32((uint8_t)i)
@@ -371,7 +370,10 @@ int fi_attention_cpu(const fi_attention_params *p, int num_threads)
                 tasks[n++] = (task){b, h, r0, r1};
             }
     }
-    job jb = {.p = p, .tasks = tasks, .num_tasks = num_tasks, .group = g,
+    job jb = {.p = p,
+              .tasks = tasks,
+              .num_tasks = num_tasks,
+              .group = g,
               .max_vectors = rows_per_task * g};
     atomic_init(&jb.next, 0);
     atomic_init(&jb.failed, 0);

@@ -141,10 +141,10 @@ typedef struct {
 /* The contiguous case of dequant_line, 16 values per step: each byte doubled, the odd
  * copies shifted down a nibble, and the 16-entry value table indexed by the low 4 bits
  * (the same products as the tables give). bs is a multiple of 16. */
-__attribute__((target("avx512f"))) static void dequant_contig_avx512(
-    const float *value, const float *scale, const uint8_t *src, const uint8_t *sf,
-    fi_sf_layout layout, const fi_gemm_fp4_params *p, int64_t kblocks, int64_t line, int64_t k0,
-    int64_t kc, float *dst)
+__attribute__((target("avx512f"))) static void
+dequant_contig_avx512(const float *value, const float *scale, const uint8_t *src, const uint8_t *sf,
+                      fi_sf_layout layout, const fi_gemm_fp4_params *p, int64_t kblocks,
+                      int64_t line, int64_t k0, int64_t kc, float *dst)
 {
     const __m512 table = _mm512_loadu_ps(value);
     const __m512i shift = _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
@@ -200,8 +200,7 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
     dequant_line(c, (const uint8_t *)p->a.data + i * p->a.stride[0], p->a.stride[1], p->a_sf,
-                 p->sf_layout, i,
-                 k0, kc, dst);
+                 p->sf_layout, i, k0, kc, dst);
 }
 
 static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc, float *dst)
@@ -210,8 +209,7 @@ static void col_b(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc
     const fp4_ctx *c = ctx;
     const fi_gemm_fp4_params *p = c->p;
     dequant_line(c, (const uint8_t *)p->b.data + j * p->b.stride[1], p->b.stride[0], p->b_sf,
-                 p->b_sf_layout, j,
-                 k0, kc, dst);
+                 p->b_sf_layout, j, k0, kc, dst);
 }
 
 int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)

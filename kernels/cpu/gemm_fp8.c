@@ -36,9 +36,8 @@ static void decode_lut(const float *lut, const uint8_t *src, int64_t n, float *d
 #ifdef FI_HAVE_SIMD_DECODE
 /* e4m3fn, 16 at a time: normal codes are float32 bits (mag << 20) times 2^120,
  * subnormal ones mantissa * 2^-9, then the sign; 0x7f / 0xff take the table's NaN. */
-__attribute__((target("avx512f"))) static void decode_e4m3_avx512(const float *lut,
-                                                                   const uint8_t *src,
-                                                                   int64_t n, float *dst)
+__attribute__((target("avx512f"))) static void
+decode_e4m3_avx512(const float *lut, const uint8_t *src, int64_t n, float *dst)
 {
     const __m512i m7f = _mm512_set1_epi32(0x7f), m78 = _mm512_set1_epi32(0x78);
     const __m512i m07 = _mm512_set1_epi32(0x07), m80 = _mm512_set1_epi32(0x80);
@@ -62,7 +61,7 @@ __attribute__((target("avx512f"))) static void decode_e4m3_avx512(const float *l
 
 /* The same, 8 at a time. */
 __attribute__((target("avx2"))) static void decode_e4m3_avx2(const float *lut, const uint8_t *src,
-                                                              int64_t n, float *dst)
+                                                             int64_t n, float *dst)
 {
     const __m256i m7f = _mm256_set1_epi32(0x7f), m78 = _mm256_set1_epi32(0x78);
     const __m256i m07 = _mm256_set1_epi32(0x07), m80 = _mm256_set1_epi32(0x80);
@@ -117,8 +116,8 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
 {
     const fp8_ctx *c = ctx;
     const fi_tensor *a = &c->p->a;
-    const uint8_t *src = (const uint8_t *)a->data + bi * a->stride[0] + i * a->stride[1] +
-                         k0 * a->stride[2];
+    const uint8_t *src =
+        (const uint8_t *)a->data + bi * a->stride[0] + i * a->stride[1] + k0 * a->stride[2];
     int64_t sk = a->stride[2];
     if (sk == 1) {
         c->dec_a(c->lut_a, src, kc, dst);
@@ -133,8 +132,8 @@ static void col_b_strided(const void *ctx, int64_t bi, int64_t j, int64_t k0, in
 {
     const fp8_ctx *c = ctx;
     const fi_tensor *b = &c->p->b;
-    const uint8_t *src = (const uint8_t *)b->data + bi * b->stride[0] + k0 * b->stride[1] +
-                         j * b->stride[2];
+    const uint8_t *src =
+        (const uint8_t *)b->data + bi * b->stride[0] + k0 * b->stride[1] + j * b->stride[2];
     int64_t sk = b->stride[1];
     if (sk == 1) { /* column-major B: a contiguous run */
         c->dec_b(c->lut_b, src, kc, dst);
@@ -145,8 +144,7 @@ static void col_b_strided(const void *ctx, int64_t bi, int64_t j, int64_t k0, in
 }
 
 /* b is [k/128, n, 128]: column j of the logical [k, n] matrix runs through every block. */
-static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc,
-                        float *dst)
+static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int64_t kc, float *dst)
 {
     (void)bi;
     const fp8_ctx *c = ctx;

@@ -38,8 +38,7 @@ static void micro_generic(int64_t kc, const float *a, const float *b, float *c, 
 
 #ifdef FI_HAVE_AVX2_KERNEL
 __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const float *a,
-                                                            const float *b, float *c,
-                                                            int64_t ldc)
+                                                           const float *b, float *c, int64_t ldc)
 {
     __m256 c0[MR], c1[MR];
     for (int r = 0; r < MR; r++) {
@@ -65,8 +64,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const flo
 
 /* 6 x 32: two zmm accumulators per row. */
 __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const float *a,
-                                                             const float *b, float *c,
-                                                             int64_t ldc)
+                                                            const float *b, float *c, int64_t ldc)
 {
     __m512 c0[MR], c1[MR];
     for (int r = 0; r < MR; r++) {
@@ -116,10 +114,10 @@ typedef struct {
     const fi_tiled_gemm *g;
     micro_fn micro;
     int nr;
-    int small;                  /* the small-m path */
+    int small; /* the small-m path */
     int64_t mb, tiles_m, tiles_n, total;
-    int64_t cols_per_unit;      /* small-m path */
-    int64_t kp;                 /* small-m path: k rounded up to LANES */
+    int64_t cols_per_unit; /* small-m path */
+    int64_t kp;            /* small-m path: k rounded up to LANES */
     atomic_llong next;
     atomic_int failed;
 } shared_state;
@@ -129,7 +127,10 @@ typedef struct {
     int64_t a_batch; /* small-m path: the batch whose rows of A sit in ap, or -1 */
 } scratch;
 
-static void *alloc_floats(size_t n) { return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64); }
+static void *alloc_floats(size_t n)
+{
+    return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+}
 
 static int scratch_init(const shared_state *st, scratch *s)
 {
@@ -276,9 +277,8 @@ static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda
 
 #ifdef FI_HAVE_AVX2_KERNEL
 __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_t kp,
-                                                                const float *a, int64_t lda,
-                                                                const float *b,
-                                                                float acc[][LANES])
+                                                               const float *a, int64_t lda,
+                                                               const float *b, float acc[][LANES])
 {
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;
@@ -306,9 +306,8 @@ __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_
 }
 
 __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64_t kp,
-                                                                 const float *a, int64_t lda,
-                                                                 const float *b,
-                                                                 float acc[][LANES])
+                                                                const float *a, int64_t lda,
+                                                                const float *b, float acc[][LANES])
 {
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;

@@ -20,10 +20,10 @@
 /* How the grid covers the work: blockIdx.x = (request, kv head, vector tile),
  * blockIdx.y = split of the KV range. */
 struct split_plan {
-    int64_t tiles;  /* vector tiles of NWARPS (query row x group head) per request */
-    int64_t chunk;  /* keys per split, a multiple of KT */
+    int64_t tiles; /* vector tiles of NWARPS (query row x group head) per request */
+    int64_t chunk; /* keys per split, a multiple of KT */
     int splits;
-    float *part_o;  /* splits > 1: [splits][total_qo_rows][num_qo_heads][head_dim] */
+    float *part_o;   /* splits > 1: [splits][total_qo_rows][num_qo_heads][head_dim] */
     float *part_lse; /* [splits][total_qo_rows][num_qo_heads] */
 };
 
@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
         freq[i] = (1.0f / p.rope_scale) * powf(1.0f / p.rope_theta, (float)(2 * i) / (float)D);
     __syncthreads();
 
-    const char *qa = (const char *)p.q +
-                     (n * p.q_stride_n + head * p.q_stride_h) * elem_size(p.q_dtype);
+    const char *qa =
+        (const char *)p.q + (n * p.q_stride_n + head * p.q_stride_h) * elem_size(p.q_dtype);
     for (int i = lane; i < half; i += 32) {
         float x0 = load_value(qa, i, p.q_dtype), x1 = load_value(qa, i + half, p.q_dtype);
         if (rope)
@@ -257,8 +257,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
     if (sp.splits == 1) {
         float inv = l > 0.0f ? p.v_scale / l : 0.0f;
-        char *oa = (char *)p.o +
-                   (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+        char *oa = (char *)p.o + (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
 #pragma unroll
         for (int c = 0; c < D / 32; c++)
             store_value(oa, lane + 32 * c, p.o_dtype, acc[c] * inv);
@@ -297,8 +296,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         for (int s = 0; s < sp.splits; s++)
             wsum += exp2f(sp.part_lse[s * stride + idx] - mx);
     float scale = wsum > 0.0f ? p.v_scale / wsum : 0.0f;
-    char *oa = (char *)p.o +
-               (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+    char *oa = (char *)p.o + (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
     for (int64_t i = lane; i < p.head_dim; i += 32) {
         float a = 0.0f;
         if (mx != -INFINITY)
@@ -313,8 +311,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
             mx == -INFINITY ? -INFINITY : mx + log2f(wsum);
 }
 
-static cudaError_t launch_main(const fi_attention_params *p, const split_plan &sp,
-                               unsigned blocks, cudaStream_t st)
+static cudaError_t launch_main(const fi_attention_params *p, const split_plan &sp, unsigned blocks,
+                               cudaStream_t st)
 {
     dim3 grid(blocks, (unsigned)sp.splits);
     switch (p->head_dim) {
@@ -353,8 +351,7 @@ extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
     sp.tiles = (p->max_qo_len * g + NWARPS - 1) / NWARPS;
     int64_t blocks = sp.tiles * p->num_kv_heads * p->num_requests;
     if (blocks > INT32_MAX)
-        return fi_cuda_fail("attention (cuda): the batch needs more than 2^31 blocks",
-                            cudaSuccess);
+        return fi_cuda_fail("attention (cuda): the batch needs more than 2^31 blocks", cudaSuccess);
     /* Few blocks and long KV (decode with a small batch): split the keys so that about
      * two blocks per multiprocessor exist, each split keeping MIN_SPLIT_KEYS keys. */
     int64_t splits = 1;

@@ -9,7 +9,8 @@
 #include "flashinfer_kernels.h"
 #include "gemm_wmma.cuh"
 
-namespace {
+namespace
+{
 
 /* ---- The part of the public cuBLASLt API we use (values from cublasLt.h / cublas_api.h,
  * stable since CUDA 11.8). Handles and descriptors are opaque pointers; enum arguments
@@ -91,8 +92,8 @@ const char *const k_sonames[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libc
 
 int bind_symbols(void *lib, LtApi *api)
 {
-#define FI_BIND(field, sym)                                                                   \
-    if (!(*(void **)&api->field = dlsym(lib, sym)))                                            \
+#define FI_BIND(field, sym)                                                                        \
+    if (!(*(void **)&api->field = dlsym(lib, sym)))                                                \
         return -1;
     FI_BIND(create, "cublasLtCreate");
     FI_BIND(desc_create, "cublasLtMatmulDescCreate");
@@ -140,8 +141,7 @@ void load_locked(const char *lib_dir)
         char path[1024];
         for (const char *so : k_sonames) {
             int len = snprintf(path, sizeof(path), "%s/%s", lib_dir, so);
-            if (len > 0 && (size_t)len < sizeof(path) &&
-                try_open(path, RTLD_NOW | RTLD_LOCAL) == 0)
+            if (len > 0 && (size_t)len < sizeof(path) && try_open(path, RTLD_NOW | RTLD_LOCAL) == 0)
                 return;
         }
     }
@@ -223,8 +223,8 @@ const char *unsupported(const fi_gemm_fp8_params *p)
 }
 
 /* A column-major rows x cols layout with leading dimension ld, batched when batch > 1. */
-int make_layout(const LtApi *api, LtLayout *out, int type, int64_t rows, int64_t cols,
-                int64_t ld, int64_t batch, int64_t batch_stride)
+int make_layout(const LtApi *api, LtLayout *out, int type, int64_t rows, int64_t cols, int64_t ld,
+                int64_t batch, int64_t batch_stride)
 {
     if (api->layout_create(out, type, (uint64_t)rows, (uint64_t)cols, ld < rows ? rows : ld) !=
         CUBLAS_STATUS_SUCCESS) {
@@ -306,8 +306,7 @@ extern "C" int fi_gemm_fp8_cublaslt(const fi_gemm_fp8_params *p, const char *lib
         pref = NULL;
         goto done;
     }
-    if (api->pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) !=
-        CUBLAS_STATUS_SUCCESS)
+    if (api->pref_set(pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)) != CUBLAS_STATUS_SUCCESS)
         goto done;
     {
         /* room past one result in case a newer library's struct is larger */

@@ -12,7 +12,8 @@
 #error "fp4.cu must not be built with --use_fast_math"
 #endif
 
-namespace {
+namespace
+{
 
 /* fi_sf_offset (flashinfer_kernels.h) for the device: the same formula. */
 __device__ __forceinline__ int64_t sf_offset(int64_t r, int64_t c, int64_t cols, int layout)
@@ -207,9 +208,19 @@ extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
     int64_t total = m * (k / p->sf_vec_size);
     if (total <= 0)
         return 0;
-    QuantArgs q = {p->x.data, (int)p->x.dtype, m, k, p->x.stride[0], p->x.stride[1],
-                   p->x_q, p->sf, p->global_scale, p->global_scale_inversed, p->sf_vec_size,
-                   p->sf_ue8m0, (int)p->sf_layout};
+    QuantArgs q = {p->x.data,
+                   (int)p->x.dtype,
+                   m,
+                   k,
+                   p->x.stride[0],
+                   p->x.stride[1],
+                   p->x_q,
+                   p->sf,
+                   p->global_scale,
+                   p->global_scale_inversed,
+                   p->sf_vec_size,
+                   p->sf_ue8m0,
+                   (int)p->sf_layout};
     int64_t blocks = (total + 255) / 256;
     fp4_quantize_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(q);
     cudaError_t err = cudaGetLastError();
@@ -240,9 +251,8 @@ extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
     fi_device_guard guard(p->a.device_index);
     if (guard.err != cudaSuccess)
         return fi_cuda_fail("cudaSetDevice", guard.err);
-    fp4_gemm_kernel<<<fi_wmma::tile_grid(1, m, n), fi_wmma::THREADS, 0,
-                      (cudaStream_t)p->stream>>>(ld, m, n, p->alpha, p->out.data,
-                                                 (int)p->out.dtype);
+    fp4_gemm_kernel<<<fi_wmma::tile_grid(1, m, n), fi_wmma::THREADS, 0, (cudaStream_t)p->stream>>>(
+        ld, m, n, p->alpha, p->out.data, (int)p->out.dtype);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? 0 : fi_cuda_fail("fp4 GEMM kernel launch", err);
 }

@@ -6,7 +6,8 @@
 #include "flashinfer_kernels.h"
 #include "gemm_wmma.cuh"
 
-namespace {
+namespace
+{
 
 using fi_wmma::BK;
 
@@ -26,8 +27,8 @@ __device__ __forceinline__ int64_t koff(const Fp8Operand &op, int64_t kk)
 }
 
 /* Bytes (row, kg .. kg+15) of op, zero past the edges, packed little-endian in w. */
-__device__ __forceinline__ void fetch16(const Fp8Operand &op, int64_t bi, int64_t row,
-                                        int64_t kg, int64_t k, uint32_t (&w)[4])
+__device__ __forceinline__ void fetch16(const Fp8Operand &op, int64_t bi, int64_t row, int64_t kg,
+                                        int64_t k, uint32_t (&w)[4])
 {
     w[0] = w[1] = w[2] = w[3] = 0;
     if (row >= op.rows || kg >= k)
@@ -75,9 +76,8 @@ struct Fp8Loader {
 };
 
 __global__ void __launch_bounds__(fi_wmma::THREADS)
-    fp8_gemm_kernel(Fp8Operand a, Fp8Operand b, int64_t batch, int64_t m, int64_t n,
-                    int64_t k, const float *a_scale, const float *b_scale, void *out,
-                    int out_dtype)
+    fp8_gemm_kernel(Fp8Operand a, Fp8Operand b, int64_t batch, int64_t m, int64_t n, int64_t k,
+                    const float *a_scale, const float *b_scale, void *out, int out_dtype)
 {
     /* the same float product as the CPU kernel */
     float scale = (a_scale ? *a_scale : 1.0f) * (b_scale ? *b_scale : 1.0f);
@@ -106,8 +106,8 @@ extern "C" int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p)
     if ((n + fi_wmma::BN - 1) / fi_wmma::BN > 0x7fffffff)
         return fi_cuda_fail("fp8 GEMM: n too large for the grid", cudaSuccess);
 
-    Fp8Operand a = {(const uint8_t *)A->data, m, A->stride[0], A->stride[1], A->stride[2], 0,
-                    0, 0, A->dtype == FI_DTYPE_E5M2};
+    Fp8Operand a = {(const uint8_t *)A->data, m, A->stride[0], A->stride[1], A->stride[2], 0, 0, 0,
+                    A->dtype == FI_DTYPE_E5M2};
     Fp8Operand b;
     b.data = (const uint8_t *)B->data;
     b.rows = n;
@@ -120,8 +120,8 @@ extern "C" int fi_gemm_fp8_cuda(const fi_gemm_fp8_params *p)
     }
     if (batch == 1)
         a.s_batch = b.s_batch = 0;
-    a.vec = a.s_k == 1 && k % 16 == 0 && aligned16(a.data) && a.s_row % 16 == 0 &&
-            a.s_batch % 16 == 0;
+    a.vec =
+        a.s_k == 1 && k % 16 == 0 && aligned16(a.data) && a.s_row % 16 == 0 && a.s_batch % 16 == 0;
     b.vec = b.s_k == 1 && k % 16 == 0 && aligned16(b.data) && b.s_row % 16 == 0 &&
             b.s_batch % 16 == 0 && b.s_kblock % 16 == 0;
 

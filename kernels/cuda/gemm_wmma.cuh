@@ -11,7 +11,8 @@
 #include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
-namespace fi_wmma {
+namespace fi_wmma
+{
 
 /* Block tile BM x BN, k step BK; 8 warps as 2 (m) x 4 (n), each owning 64 x 32 outputs.
  * Shared rows are padded to LDS elements (80 bytes: 16-byte aligned, fewer conflicts). */
@@ -38,9 +39,9 @@ __device__ __forceinline__ void store_out(void *out, int out_dtype, int64_t at, 
  * shared memory as T (stage); rows, columns and k past the edges must come out as 0.
  * Every thread of the block calls this with the same arguments. */
 template <typename T, typename Loader>
-__device__ __forceinline__ void gemm_tile(Loader &ld, int64_t bi, int64_t m0, int64_t n0,
-                                          int64_t m, int64_t n, int64_t k, float scale,
-                                          void *out, int out_dtype)
+__device__ __forceinline__ void gemm_tile(Loader &ld, int64_t bi, int64_t m0, int64_t n0, int64_t m,
+                                          int64_t n, int64_t k, float scale, void *out,
+                                          int out_dtype)
 {
     using namespace nvcuda;
     __shared__ __align__(128) T As[BM * LDS];

@@ -39,11 +39,11 @@ __device__ __forceinline__ double load_value(const void *data, int64_t off, fi_d
     case FI_DTYPE_BF16:
         return __bfloat162float(((const __nv_bfloat16 *)data)[off]);
     case FI_DTYPE_E4M3FN:
-        return __half2float(__half(
-            __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E4M3)));
+        return __half2float(
+            __half(__nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E4M3)));
     case FI_DTYPE_E5M2:
-        return __half2float(__half(
-            __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E5M2)));
+        return __half2float(
+            __half(__nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)data)[off], __NV_E5M2)));
     default:
         return 0.0;
     }
@@ -211,7 +211,8 @@ extern "C" int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5])
     int64_t want = (numel + THREADS - 1) / THREADS;
     int blocks = want < MAX_BLOCKS ? (int)want : MAX_BLOCKS;
     partial *scratch = nullptr;
-    cudaError_t err = cudaMallocAsync((void **)&scratch, (size_t)(blocks + 1) * sizeof(partial), st);
+    cudaError_t err =
+        cudaMallocAsync((void **)&scratch, (size_t)(blocks + 1) * sizeof(partial), st);
     if (err != cudaSuccess)
         return fi_cuda_fail("tensor statistics (cuda): cudaMallocAsync", err);
     stats_partial_kernel<<<blocks, THREADS, 0, st>>>(t->data, t->dtype, L, numel, scratch);
@@ -222,8 +223,8 @@ extern "C" int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5])
     }
     partial result;
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(&result, scratch + blocks, sizeof(result), cudaMemcpyDeviceToHost,
-                              st);
+        err =
+            cudaMemcpyAsync(&result, scratch + blocks, sizeof(result), cudaMemcpyDeviceToHost, st);
     cudaError_t free_err = cudaFreeAsync(scratch, st);
     if (err == cudaSuccess)
         err = free_err;
@@ -249,8 +250,8 @@ extern "C" int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long lon
     fi_device_guard guard(t->device_index);
     if (guard.err != cudaSuccess)
         return fi_cuda_fail("tensor statistics (cuda): cudaSetDevice", guard.err);
-    stats_print_kernel<<<1, PRINT_THREADS, 0, (cudaStream_t)stream>>>(t->data, t->dtype, L,
-                                                                      numel, id);
+    stats_print_kernel<<<1, PRINT_THREADS, 0, (cudaStream_t)stream>>>(t->data, t->dtype, L, numel,
+                                                                      id);
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? 0 : fi_cuda_fail("tensor statistics (cuda): kernel launch", err);
 }

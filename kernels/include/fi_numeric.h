@@ -142,7 +142,7 @@ FI_NUMERIC_FN uint32_t fi_minifloat_round(float a, int man_bits, int bias)
     if (a < ldexpf(1.0f, 1 - bias)) /* subnormal: units of 2^(1-bias-man_bits) */
         return (uint32_t)rintf(ldexpf(a, bias - 1 + man_bits));
     int e;
-    float fr = frexpf(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+    float fr = frexpf(a, &e);                               /* a = fr * 2^e, fr in [0.5, 1) */
     uint32_t q = (uint32_t)rintf(ldexpf(fr, man_bits + 1)); /* in [2^m, 2^(m+1)] */
     int ex = e - 1 + bias;
     if (q == (1u << (man_bits + 1))) {

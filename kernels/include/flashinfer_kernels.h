@@ -90,7 +90,6 @@ static inline int64_t fi_tensor_numel(const fi_tensor *t)
     return n;
 }
 
-
 /* ---- GEMM and FP4 ----------------------------------------------------------------
  * fp8 GEMM (bmm_fp8, mm_fp8), NVFP4/MXFP4 quantization and the fp4 GEMM (mm_fp4).
  * Pointers to scales are device memory on CUDA; the CPU kernels read them directly.
@@ -104,23 +103,23 @@ typedef enum {
 
 /* out[i] = (a[i] @ b[i]) * a_scale * b_scale, accumulated in float32. */
 typedef struct {
-    fi_tensor a;               /* [batch, m, k] float8_e4m3fn or float8_e5m2, any strides */
-    fi_tensor b;               /* [batch, k, n] or [k/128, n, 128] (batch 1), see b_layout */
-    fi_tensor out;             /* [batch, m, n] bfloat16, float16 or float32, contiguous */
+    fi_tensor a;   /* [batch, m, k] float8_e4m3fn or float8_e5m2, any strides */
+    fi_tensor b;   /* [batch, k, n] or [k/128, n, 128] (batch 1), see b_layout */
+    fi_tensor out; /* [batch, m, n] bfloat16, float16 or float32, contiguous */
     fi_gemm_b_layout b_layout;
-    const float *a_scale;      /* one float32 each; NULL means 1 */
+    const float *a_scale; /* one float32 each; NULL means 1 */
     const float *b_scale;
-    int num_threads;           /* CPU worker threads, >= 1 */
-    void *stream;              /* cudaStream_t on CUDA; unused on CPU */
+    int num_threads; /* CPU worker threads, >= 1 */
+    void *stream;    /* cudaStream_t on CUDA; unused on CPU */
 } fi_gemm_fp8_params;
 
 int fi_gemm_fp8_cpu(const fi_gemm_fp8_params *p);
 
 /* Block-scale layouts of quantized fp4 tensors (values are FlashInfer's SfLayout). */
 typedef enum {
-    FI_SF_LAYOUT_128X4 = 0,  /* [roundup(rows,128), roundup(cols,4)] in 512-byte tiles */
-    FI_SF_LAYOUT_8X4 = 1,    /* [roundup(rows,8), roundup(cols,4)] in 32-byte tiles */
-    FI_SF_LAYOUT_LINEAR = 2  /* [rows, cols] row-major */
+    FI_SF_LAYOUT_128X4 = 0, /* [roundup(rows,128), roundup(cols,4)] in 512-byte tiles */
+    FI_SF_LAYOUT_8X4 = 1,   /* [roundup(rows,8), roundup(cols,4)] in 32-byte tiles */
+    FI_SF_LAYOUT_LINEAR = 2 /* [rows, cols] row-major */
 } fi_sf_layout;
 
 /* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included). */
@@ -165,16 +164,16 @@ int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p);
 /* out = alpha * dequant(a) @ dequant(b): a holds m rows of k E2M1 values, b holds the n
  * rows of a quantized [n, k] weight viewed as [k/2, n]; scales as fi_fp4_quantize made. */
 typedef struct {
-    fi_tensor a;               /* [m, k/2] packed E2M1 (uint8 or float4_e2m1fn_x2) */
-    fi_tensor b;               /* [k/2, n] packed E2M1 */
-    const uint8_t *a_sf;       /* m rows x k/block_size blocks, in sf_layout */
-    const uint8_t *b_sf;       /* n rows x k/block_size blocks, in b_sf_layout */
-    fi_sf_layout sf_layout;    /* a's scales */
-    fi_sf_layout b_sf_layout;  /* b's scales (128x4 when a's are 8x4, as in FlashInfer) */
-    int block_size;            /* 16 (E4M3 scales) or 32 (UE8M0 scales) */
+    fi_tensor a;              /* [m, k/2] packed E2M1 (uint8 or float4_e2m1fn_x2) */
+    fi_tensor b;              /* [k/2, n] packed E2M1 */
+    const uint8_t *a_sf;      /* m rows x k/block_size blocks, in sf_layout */
+    const uint8_t *b_sf;      /* n rows x k/block_size blocks, in b_sf_layout */
+    fi_sf_layout sf_layout;   /* a's scales */
+    fi_sf_layout b_sf_layout; /* b's scales (128x4 when a's are 8x4, as in FlashInfer) */
+    int block_size;           /* 16 (E4M3 scales) or 32 (UE8M0 scales) */
     int sf_ue8m0;
-    const float *alpha;        /* one float32; NULL means 1 */
-    fi_tensor out;             /* [m, n] bfloat16, float16 or float32, contiguous */
+    const float *alpha; /* one float32; NULL means 1 */
+    fi_tensor out;      /* [m, n] bfloat16, float16 or float32, contiguous */
     int num_threads;
     void *stream;
 } fi_gemm_fp4_params;
@@ -238,31 +237,31 @@ typedef struct {
     fi_dtype kv_dtype;
     int64_t k_stride_page, k_stride_n, k_stride_h;
     int64_t v_stride_page, v_stride_n, v_stride_h;
-    int paged;                      /* 0: ragged, 1: paged */
-    const int32_t *kv_indptr;       /* [num_requests + 1]: tokens (ragged) or pages */
-    const int32_t *kv_indices;      /* paged only: page ids */
+    int paged;                       /* 0: ragged, 1: paged */
+    const int32_t *kv_indptr;        /* [num_requests + 1]: tokens (ragged) or pages */
+    const int32_t *kv_indices;       /* paged only: page ids */
     const int32_t *kv_last_page_len; /* paged only: [num_requests] */
-    int64_t page_size;              /* paged only */
+    int64_t page_size;               /* paged only */
 
     /* Optional custom mask: request b's [qo_len, kv_len] booleans, row-major, bit-packed
      * little-endian from byte mask_indptr[b] of mask (1 = visible). NULL: no mask. */
     const uint8_t *mask;
     const int32_t *mask_indptr;
 
-    int causal;               /* key j visible to row i only if j <= i + kv_len - qo_len */
-    int64_t window_left;      /* >= 0: also j >= i + kv_len - qo_len - window_left */
-    float logits_soft_cap;    /* > 0: s = cap * tanh(s / cap) */
-    float sm_scale;           /* logit scale, already multiplied by q and k scales */
-    float v_scale;            /* output multiplier (fp8 V scale), 1 for none */
+    int causal;            /* key j visible to row i only if j <= i + kv_len - qo_len */
+    int64_t window_left;   /* >= 0: also j >= i + kv_len - qo_len - window_left */
+    float logits_soft_cap; /* > 0: s = cap * tanh(s / cap) */
+    float sm_scale;        /* logit scale, already multiplied by q and k scales */
+    float v_scale;         /* output multiplier (fp8 V scale), 1 for none */
     fi_pos_encoding pos_encoding;
     float rope_scale, rope_theta;
 
     /* CUDA only (the CPU kernel ignores them); index arrays and mask are then device
      * pointers, and these bounds come from their host copies, checked by the glue. */
-    int device;             /* CUDA device holding every tensor */
-    int64_t total_qo_rows;  /* rows of q and o */
-    int64_t max_qo_len;     /* longest request's query rows */
-    int64_t max_kv_len;     /* longest request's keys */
+    int device;            /* CUDA device holding every tensor */
+    int64_t total_qo_rows; /* rows of q and o */
+    int64_t max_qo_len;    /* longest request's query rows */
+    int64_t max_kv_len;    /* longest request's keys */
 } fi_attention_params;
 
 /* Computes o (and lse) for every query row with fp32 accumulation and an online
@@ -287,8 +286,7 @@ const char *fi_cuda_last_error(void);
 int fi_cuda_stream_capturing(int device, void *stream, int *capturing);
 
 /* Copies bytes from device memory to host memory in stream order and waits for it. */
-int fi_cuda_copy_to_host(void *dst, const void *src, size_t bytes, int device,
-                         void *stream);
+int fi_cuda_copy_to_host(void *dst, const void *src, size_t bytes, int device, void *stream);
 
 /* Statistics of a strided CUDA tensor (dtypes F32, F16, BF16, F64, E4M3FN, E5M2):
  * out = {min, max, sum, nan_count, inf_count}, min/max over non-NaN values (+inf/-inf
