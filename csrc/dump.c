@@ -28,6 +28,7 @@ struct fi_dump_call {
     char *dir;        /* the call's directory */
     long long input_bytes;
     PyObject *graph_entry; /* [dir, record, inputs, outputs, flushes] while captured */
+    int meta_fd;           /* metadata.jsonl, open from line 1 to line 2 */
 };
 
 /* --------------------------------------------------------------- log lines */
@@ -421,26 +422,47 @@ static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, lon
     return NULL;
 }
 
-/* Appends one JSON line with a single write(2) to an O_APPEND file. */
-static int append_line(const char *path, const fi_buf *line)
+/* Opens path for appending records: O_APPEND, so each record is one whole write. */
+static int open_append(const char *path)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    if (fd < 0)
         PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    int r = fi_write_all(fd, line->data, line->len);
-    int saved = errno;
-    close(fd);
-    if (r < 0) {
-        PyErr_Format(PyExc_OSError, "cannot write %s: %s", path, strerror(saved));
-        return -1;
-    }
-    return 0;
+    return fd;
 }
 
-/* metadata.jsonl of the call and the root's session.jsonl get the same line. */
-static int write_record_at(fi_logger *lg, const char *dir, PyObject *record)
+static int write_line(int fd, const char *what, const char *where, const fi_buf *line)
+{
+    if (fi_write_all(fd, line->data, line->len) == 0)
+        return 0;
+    PyErr_Format(PyExc_OSError, "cannot write %s/%s: %s", where, what, strerror(errno));
+    return -1;
+}
+
+/* session.jsonl stays open on the logger between records; it is opened again when the
+ * file was deleted (the dump root removed and made anew). */
+static int session_fd(fi_logger *lg)
+{
+    struct stat st;
+    if (lg->session_fd >= 0 && fstat(lg->session_fd, &st) == 0 && st.st_nlink > 0)
+        return lg->session_fd;
+    if (lg->session_fd >= 0)
+        close(lg->session_fd);
+    size_t n = strlen(lg->cfg.dump_dir) + 32;
+    char *path = malloc(n);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(path, n, "%s/session.jsonl", lg->cfg.dump_dir);
+    lg->session_fd = open_append(path);
+    free(path);
+    return lg->session_fd;
+}
+
+/* The record as one line, appended to the call's metadata.jsonl (through *meta_fd when
+ * it is open; opened and kept there when meta_fd is given) and to session.jsonl. */
+static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObject *record)
 {
     fi_buf line;
     fi_buf_init(&line);
@@ -449,29 +471,36 @@ static int write_record_at(fi_logger *lg, const char *dir, PyObject *record)
         PyErr_NoMemory();
         r = -1;
     }
-    if (r == 0) {
+    int fd = meta_fd ? *meta_fd : -1;
+    if (r == 0 && fd < 0) {
         size_t n = strlen(dir) + 32;
-        char *meta = malloc(n), *session = malloc(strlen(lg->cfg.dump_dir) + 32);
-        if (!meta || !session) {
+        char *meta = malloc(n);
+        if (!meta) {
             PyErr_NoMemory();
             r = -1;
         } else {
             snprintf(meta, n, "%s/metadata.jsonl", dir);
-            sprintf(session, "%s/session.jsonl", lg->cfg.dump_dir);
-            r = append_line(meta, &line);
-            if (r == 0)
-                r = append_line(session, &line);
+            fd = open_append(meta);
+            r = fd < 0 ? -1 : 0;
+            free(meta);
         }
-        free(meta);
-        free(session);
     }
+    if (r == 0)
+        r = write_line(fd, "metadata.jsonl", dir, &line);
+    if (meta_fd)
+        *meta_fd = fd;
+    else if (fd >= 0)
+        close(fd);
+    int sfd = r == 0 ? session_fd(lg) : -1;
+    if (r == 0)
+        r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", lg->cfg.dump_dir, &line);
     fi_buf_free(&line);
     return r;
 }
 
 static int write_record(fi_dump_call *call)
 {
-    return write_record_at(call->lg, call->dir, call->record);
+    return write_record_at(call->lg, call->dir, &call->meta_fd, call->record);
 }
 
 static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
@@ -587,6 +616,8 @@ static void call_free(fi_dump_call *call)
     Py_XDECREF(call->name);
     Py_XDECREF(call->record);
     Py_XDECREF(call->graph_entry);
+    if (call->meta_fd >= 0)
+        close(call->meta_fd);
     free(call->dir);
     free(call);
 }
@@ -599,6 +630,8 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     fi_dump_call *call = calloc(1, sizeof(*call));
+    if (call)
+        call->meta_fd = -1;
     tensor_sink ts = {0};
     PyObject *input_meta = PyDict_New();
     if (!call || !input_meta || sink_init(&ts) < 0)
@@ -852,7 +885,7 @@ static int flush_entry(fi_logger *lg, PyObject *entry)
         return -1;
     if (dict_set(record, "execution_status", PyUnicode_FromString("completed")) < 0 ||
         dict_set(record, "graph_flush", PyLong_FromLong(n)) < 0 ||
-        write_record_at(lg, dir, record) < 0) {
+        write_record_at(lg, dir, NULL, record) < 0) {
         Py_DECREF(record);
         return -1;
     }

@@ -3,6 +3,7 @@
 #include "logger.h"
 
 #include <structmember.h>
+#include <unistd.h>
 
 #include "dump.h"
 #include "module.h"
@@ -28,6 +29,7 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     lg->sink.kind = FI_SINK_STDERR;
     lg->sink.fd = -1;
+    lg->session_fd = -1;
     lg->call_counters = PyDict_New();
     lg->static_meta = PyDict_New();
     lg->graph_pending = PyList_New(0);
@@ -64,6 +66,8 @@ static void logger_dealloc(fi_logger *lg)
     PyObject_GC_UnTrack(lg);
     logger_clear(lg);
     fi_sink_close(&lg->sink);
+    if (lg->session_fd >= 0)
+        close(lg->session_fd);
     fi_config_free(&lg->cfg);
     tp->tp_free(lg);
     Py_DECREF(tp);

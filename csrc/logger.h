@@ -26,6 +26,7 @@ typedef struct {
     int suspended;           /* > 0 while replaying: no dumps */
     int count_cap_warned, size_cap_warned;
     int dump_root_ready;
+    int session_fd; /* DUMP_DIR/session.jsonl, opened on first use */
 } fi_logger;
 
 /* Borrowed; valid while the module lives. */
