@@ -92,25 +92,14 @@ static PyObject *int_list(const int64_t *v, int n)
     return l;
 }
 
-static PyObject *dtype_text(PyObject *tensor, const fi_tensor *t)
+/* The text fi_tensor_put_dtype / fi_tensor_put_device write, as a str. */
+static PyObject *tensor_text(int (*put)(fi_buf *, PyObject *, const fi_tensor *), PyObject *tensor,
+                             const fi_tensor *t)
 {
-    if (t->dtype != FI_DTYPE_UNKNOWN)
-        return PyUnicode_FromFormat("torch.%s", fi_dtype_name(t->dtype));
-    PyObject *d = PyObject_GetAttr(tensor, fi_names.dtype);
-    PyObject *s = d ? PyObject_Str(d) : NULL;
-    Py_XDECREF(d);
-    return s;
-}
-
-static PyObject *device_text(PyObject *tensor, const fi_tensor *t)
-{
-    if (t->device_type == FI_DEVICE_CPU)
-        return PyUnicode_FromString("cpu");
-    if (t->device_type == FI_DEVICE_CUDA)
-        return PyUnicode_FromFormat("cuda:%d", t->device_index);
-    PyObject *d = PyObject_GetAttr(tensor, fi_names.device);
-    PyObject *s = d ? PyObject_Str(d) : NULL;
-    Py_XDECREF(d);
+    fi_buf b;
+    fi_buf_init(&b);
+    PyObject *s = put(&b, tensor, t) < 0 ? NULL : PyUnicode_FromStringAndSize(b.data, b.len);
+    fi_buf_free(&b);
     return s;
 }
 
@@ -124,13 +113,13 @@ static PyObject *tensor_meta_of(PyObject *tensor, const fi_tensor *tp, int full,
         return NULL;
     if ((full && dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0) ||
         dict_set(d, "shape", int_list(t.shape, t.ndim)) < 0 ||
-        dict_set(d, "dtype", dtype_text(tensor, &t)) < 0 ||
+        dict_set(d, "dtype", tensor_text(fi_tensor_put_dtype, tensor, &t)) < 0 ||
         dict_set(d, "stride", int_list(t.stride, t.ndim)) < 0 ||
-        dict_set(d, "device", device_text(tensor, &t)) < 0)
+        dict_set(d, "device", tensor_text(fi_tensor_put_device, tensor, &t)) < 0)
         goto fail;
     if (full) {
         PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
-        PyObject *contig = PyObject_CallMethodNoArgs(tensor, fi_names.is_contiguous);
+        PyObject *contig = PyBool_FromLong(fi_tensor_is_contiguous(&t));
         if (dict_set(d, "requires_grad", rg) < 0 || dict_set(d, "is_contiguous", contig) < 0)
             goto fail;
         Py_INCREF(key);

@@ -58,48 +58,6 @@ static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
-/* torch's definition: sizes of 1 are ignored, an empty tensor is contiguous. */
-static int is_contiguous(const fi_tensor *t)
-{
-    int64_t expected = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] == 0)
-            return 1;
-        if (t->shape[i] == 1)
-            continue;
-        if (t->stride[i] != expected)
-            return 0;
-        expected *= t->shape[i];
-    }
-    return 1;
-}
-
-static int put_dtype(fi_buf *b, PyObject *tensor, fi_dtype dtype)
-{
-    if (dtype != FI_DTYPE_UNKNOWN)
-        return fi_buf_printf(b, "torch.%s", fi_dtype_name(dtype));
-    PyObject *d = PyObject_GetAttr(tensor, fi_names.dtype);
-    if (!d)
-        return -1;
-    int r = put_text(b, d, 0);
-    Py_DECREF(d);
-    return r;
-}
-
-static int put_device(fi_buf *b, PyObject *tensor, const fi_tensor *t)
-{
-    if (t->device_type == FI_DEVICE_CPU)
-        return fi_buf_puts(b, "cpu");
-    if (t->device_type == FI_DEVICE_CUDA)
-        return fi_buf_printf(b, "cuda:%d", t->device_index);
-    PyObject *d = PyObject_GetAttr(tensor, fi_names.device);
-    if (!d)
-        return -1;
-    int r = put_text(b, d, 0);
-    Py_DECREF(d);
-    return r;
-}
-
 static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int indent_first)
 {
     fi_tensor t;
@@ -122,19 +80,19 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int
     fi_buf_putc(b, '\n');
     fi_buf_indent(b, indent + 1);
     fi_buf_puts(b, "dtype=");
-    if (put_dtype(b, tensor, t.dtype) < 0)
+    if (fi_tensor_put_dtype(b, tensor, &t) < 0)
         return -1;
     fi_buf_putc(b, '\n');
     fi_buf_indent(b, indent + 1);
     fi_buf_puts(b, "device=");
-    if (put_device(b, tensor, &t) < 0)
+    if (fi_tensor_put_device(b, tensor, &t) < 0)
         return -1;
     fi_buf_putc(b, '\n');
     fi_buf_indent(b, indent + 1);
     fi_buf_printf(b, "requires_grad=%s\n", requires_grad ? "True" : "False");
     fi_buf_indent(b, indent + 1);
-    fi_buf_printf(b, "is_contiguous=%s\n", is_contiguous(&t) ? "True" : "False");
-    if (level >= 5 && fi_stats_format_tensor(b, tensor, indent + 1) < 0)
+    fi_buf_printf(b, "is_contiguous=%s\n", fi_tensor_is_contiguous(&t) ? "True" : "False");
+    if (level >= 5 && fi_stats_format_tensor(b, tensor, &t, indent + 1) < 0)
         return -1;
     fi_buf_indent(b, indent);
     return fi_buf_puts(b, ")\n");

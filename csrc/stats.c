@@ -987,24 +987,13 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
 }
 #endif
 
-int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
+/* The statistics of tensor, whose metadata t was read already. */
+static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats *out)
 {
-    memset(out, 0, sizeof(*out));
-    if (!fi_is_tensor(tensor)) {
-        PyErr_Format(PyExc_TypeError, "tensor statistics: expected a torch.Tensor, got %.200s",
-                     Py_TYPE(tensor)->tp_name);
-        return -1;
-    }
-    PyObject *dt = PyObject_GetAttr(tensor, fi_names.dtype);
-    if (!dt)
-        return -1;
-    fi_dtype dtype = fi_dtype_from_py(dt);
-    Py_DECREF(dt);
+    const fi_tensor t = *tp;
+    fi_dtype dtype = t.dtype;
     if (!dtype_has_stats(dtype))
         return 0;
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
-        return -1;
     if (t.device_type == FI_DEVICE_CPU)
         return stats_of_cpu_tensor(tensor, &t, out);
     if (t.device_type == FI_DEVICE_CUDA) {
@@ -1026,6 +1015,28 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
             return meta < 0 ? -1 : 0;
     }
     return stats_with_torch_ops(tensor, dtype, fi_tensor_numel(&t), out);
+}
+
+int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!fi_is_tensor(tensor)) {
+        PyErr_Format(PyExc_TypeError, "tensor statistics: expected a torch.Tensor, got %.200s",
+                     Py_TYPE(tensor)->tp_name);
+        return -1;
+    }
+    /* dtypes without statistics never touch data_ptr (sparse or quantized tensors) */
+    PyObject *dt = PyObject_GetAttr(tensor, fi_names.dtype);
+    if (!dt)
+        return -1;
+    fi_dtype dtype = fi_dtype_from_py(dt);
+    Py_DECREF(dt);
+    if (!dtype_has_stats(dtype))
+        return 0;
+    fi_tensor t;
+    if (fi_tensor_from_py(tensor, &t) < 0)
+        return -1;
+    return stats_of_known(tensor, &t, out);
 }
 
 /* ---- text ---------------------------------------------------------------------------- */
@@ -1103,10 +1114,17 @@ static PyObject *take_exception_text(void)
     return text;
 }
 
-int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, int indent)
+int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent)
 {
     fi_stats st;
-    if (fi_stats_of_tensor(tensor, &st) == 0)
+    int r;
+    if (known) {
+        memset(&st, 0, sizeof(st));
+        r = stats_of_known(tensor, known, &st);
+    } else {
+        r = fi_stats_of_tensor(tensor, &st);
+    }
+    if (r == 0)
         return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return -1;
@@ -1229,7 +1247,7 @@ static PyObject *py_format_tensor_stats(PyObject *module, PyObject *const *args,
     fi_buf buf;
     fi_buf_init(&buf);
     PyObject *r = NULL;
-    if (fi_stats_format_tensor(&buf, args[0], (int)indent) == 0)
+    if (fi_stats_format_tensor(&buf, args[0], NULL, (int)indent) == 0)
         r = PyUnicode_DecodeUTF8(buf.data, (Py_ssize_t)buf.len, "replace");
     fi_buf_free(&buf);
     return r;

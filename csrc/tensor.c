@@ -214,3 +214,49 @@ int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
         return -1;
     return read_device(obj, out);
 }
+
+/* Appends str(getattr(tensor, name)). */
+static int put_attr_str(fi_buf *b, PyObject *tensor, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(tensor, name);
+    PyObject *s = v ? PyObject_Str(v) : NULL;
+    Py_XDECREF(v);
+    Py_ssize_t n;
+    const char *u = s ? PyUnicode_AsUTF8AndSize(s, &n) : NULL;
+    int r = u ? fi_buf_append(b, u, (size_t)n) : -1;
+    Py_XDECREF(s);
+    if (r < 0 && !PyErr_Occurred())
+        PyErr_NoMemory();
+    return r;
+}
+
+int fi_tensor_put_dtype(fi_buf *b, PyObject *tensor, const fi_tensor *t)
+{
+    if (t->dtype != FI_DTYPE_UNKNOWN)
+        return fi_buf_printf(b, "torch.%s", fi_dtype_name(t->dtype));
+    return put_attr_str(b, tensor, fi_names.dtype);
+}
+
+int fi_tensor_put_device(fi_buf *b, PyObject *tensor, const fi_tensor *t)
+{
+    if (t->device_type == FI_DEVICE_CPU)
+        return fi_buf_puts(b, "cpu");
+    if (t->device_type == FI_DEVICE_CUDA)
+        return fi_buf_printf(b, "cuda:%d", t->device_index);
+    return put_attr_str(b, tensor, fi_names.device);
+}
+
+int fi_tensor_is_contiguous(const fi_tensor *t)
+{
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] == 0)
+            return 1;
+        if (t->shape[i] == 1)
+            continue;
+        if (t->stride[i] != expected)
+            return 0;
+        expected *= t->shape[i];
+    }
+    return 1;
+}

@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "flashinfer_kernels.h"
+#include "strbuf.h"
 
 /* Imports torch and caches torch.Tensor, the dtype objects and attribute names.
  * Called once from module exec; returns -1 with an exception set on failure. */
@@ -30,6 +31,15 @@ const char *fi_dtype_name(fi_dtype dtype);
 /* Fills out from a tensor: data pointer, shape, stride, dtype, device.
  * Returns -1 with an exception set when obj is not a usable tensor. */
 int fi_tensor_from_py(PyObject *obj, fi_tensor *out);
+
+/* Appends str(tensor.dtype) ("torch.float32") / str(tensor.device) ("cpu", "cuda:0")
+ * from t, asking Python only for kinds we cannot name. -1 with an exception set. */
+int fi_tensor_put_dtype(fi_buf *b, PyObject *tensor, const fi_tensor *t);
+int fi_tensor_put_device(fi_buf *b, PyObject *tensor, const fi_tensor *t);
+
+/* tensor.is_contiguous() from shape and strides: sizes of 1 are ignored and an empty
+ * tensor is contiguous, as torch defines it. */
+int fi_tensor_is_contiguous(const fi_tensor *t);
 
 /* Interned attribute names used across csrc/ (borrowed, immortal for our purposes). */
 typedef struct {
