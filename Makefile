@@ -9,7 +9,7 @@ DEPS := torch==2.13.0 click pytest safetensors numpy ruff clang-format
 WARN := -Werror
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g
 PYTEST_ARGS ?=
-C_SOURCES := $(wildcard csrc/*.c csrc/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
+C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
 	kernels/cuda/*.cu kernels/cuda/*.cuh)
 
 .PHONY: all venv build demo test bench lint format asan-test clean
@@ -42,12 +42,12 @@ bench: build
 lint: venv
 	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
 	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
-	$(VENV)/bin/ruff check flashinfer tests benchmarks examples setup.py
-	$(VENV)/bin/ruff format --check flashinfer tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check flashinfer flashinfer_native tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format --check flashinfer flashinfer_native tests benchmarks examples setup.py
 
 format: venv
 	$(VENV)/bin/clang-format -i $(C_SOURCES)
-	$(VENV)/bin/ruff format flashinfer tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format flashinfer flashinfer_native tests benchmarks examples setup.py
 
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.
 # Python itself is not instrumented, so the runtime is preloaded and leak checks are off.
@@ -60,4 +60,4 @@ asan-test: venv
 		status=$$?; $(MAKE) --no-print-directory build >/dev/null; exit $$status
 
 clean:
-	rm -rf build $(VENV) flashinfer/_C*.so *.egg-info
+	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info

@@ -1,11 +1,17 @@
-"""Build script for flashinfer-c: the C extension flashinfer._C.
+"""Build script for flashinfer-c: two C extensions.
 
-The extension is C11 on the plain Python C API; torch is not needed to build it.
+- flashinfer_native._C, the logging core (csrc/core) and the tensor files
+  (csrc/tensorfile), with the statistics kernels: everything the standalone core needs.
+- flashinfer._kernels, the kernel entry points of the flashinfer mirror (csrc/ops) over
+  the compute kernels (kernels/cpu, kernels/cuda).
+
+Both are C11 on the plain Python C API; torch is not needed to build them.
 FLASHINFER_EXTRA_CFLAGS / FLASHINFER_EXTRA_LDFLAGS append flags (lint, sanitizers).
 
-When nvcc is found (PATH, or CUDA_HOME/bin) and FLASHINFER_NO_CUDA is not set, every
-kernels/cuda/*.cu is compiled with nvcc for the architectures in FLASHINFER_CUDA_ARCHS
-(default "80;90"; "90a" selects sm_90a) and linked with the static CUDA runtime only.
+When nvcc is found (PATH, or CUDA_HOME/bin) and FLASHINFER_NO_CUDA is not set, the
+kernels/cuda/*.cu each extension uses are compiled with nvcc for the architectures in
+FLASHINFER_CUDA_ARCHS (default "80;90"; "90a" selects sm_90a) and linked with the static
+CUDA runtime only.
 """
 
 import glob
@@ -76,8 +82,7 @@ def gencode_flags(archs):
 
 NVCC = find_nvcc()
 ARCHS = cuda_archs() if NVCC else []
-CU_SOURCES = rel("kernels/cuda/*.cu") if NVCC else []
-WITH_CUDA = bool(NVCC and CU_SOURCES)
+WITH_CUDA = bool(NVCC and rel("kernels/cuda/*.cu"))
 
 extra_cflags = shlex.split(os.environ.get("FLASHINFER_EXTRA_CFLAGS", ""))
 extra_ldflags = shlex.split(os.environ.get("FLASHINFER_EXTRA_LDFLAGS", ""))
@@ -96,17 +101,17 @@ if WITH_CUDA:
 
 
 class build_ext_cuda(build_ext):
-    """Compiles kernels/cuda/*.cu with nvcc into build_temp and links the objects."""
+    """Compiles each extension's .cu files with nvcc into build_temp and links the objects."""
 
     def build_extension(self, ext):
-        if WITH_CUDA:
+        if WITH_CUDA and ext.cuda_sources:
             objects = self.compile_cuda(ext)
             ext.extra_objects = list(ext.extra_objects or []) + objects
             ext.depends = list(ext.depends) + objects  # relink when an object changed
         print(
-            "flashinfer: CUDA kernels built for sm " + ";".join(ARCHS)
-            if WITH_CUDA
-            else "flashinfer: CUDA kernels not built (no nvcc, or FLASHINFER_NO_CUDA set)"
+            f"{ext.name}: CUDA kernels built for sm " + ";".join(ARCHS)
+            if WITH_CUDA and ext.cuda_sources
+            else f"{ext.name}: CUDA kernels not built (no nvcc, or FLASHINFER_NO_CUDA set)"
         )
         super().build_extension(ext)
 
@@ -125,7 +130,7 @@ class build_ext_cuda(build_ext):
         ] + gencode_flags(ARCHS)
         flags += shlex.split(os.environ.get("FLASHINFER_NVCC_FLAGS", ""))
         objects = []
-        for src in CU_SOURCES:
+        for src in ext.cuda_sources:
             obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
             objects.append(obj)
             deps = [src] + headers + [os.path.abspath(__file__)]
@@ -139,19 +144,39 @@ class build_ext_cuda(build_ext):
         return objects
 
 
-ext = Extension(
-    "flashinfer._C",
-    sources=rel("csrc/*.c") + rel("kernels/cpu/*.c"),
-    include_dirs=["csrc", "kernels/include"],
-    depends=rel("csrc/*.h")
-    + rel("kernels/include/*.h")
-    + rel("kernels/cpu/*.h")
-    + CU_SOURCES
-    + (rel("kernels/cuda/*.cuh") if WITH_CUDA else []),
-    extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-D_GNU_SOURCE"]
-    + cuda_cflags
-    + extra_cflags,
-    extra_link_args=["-lpthread", "-lm", "-ldl"] + cuda_ldflags + extra_ldflags,
+def extension(name, sources, cuda_sources):
+    """A C11 extension; cuda_sources are compiled by nvcc when CUDA kernels are built."""
+    ext = Extension(
+        name,
+        sources=sources,
+        include_dirs=["csrc/core", "csrc/tensorfile", "csrc/ops", "kernels/include"],
+        depends=rel("csrc/*/*.h")
+        + rel("kernels/include/*.h")
+        + rel("kernels/cpu/*.h")
+        + (cuda_sources + rel("kernels/cuda/*.cuh") if WITH_CUDA else []),
+        extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-D_GNU_SOURCE"]
+        + (cuda_cflags if cuda_sources else [])
+        + extra_cflags,
+        extra_link_args=["-lpthread", "-lm", "-ldl"]
+        + (cuda_ldflags if cuda_sources else [])
+        + extra_ldflags,
+    )
+    ext.cuda_sources = cuda_sources if WITH_CUDA else []
+    return ext
+
+
+CORE_CUDA = ["kernels/cuda/common.cu", "kernels/cuda/stats.cu"]
+core = extension(
+    "flashinfer_native._C",
+    rel("csrc/core/*.c") + rel("csrc/tensorfile/*.c"),
+    CORE_CUDA,
+)
+kernels = extension(
+    "flashinfer._kernels",
+    rel("csrc/ops/*.c")
+    + ["csrc/tensorfile/tensor.c", "csrc/tensorfile/strbuf.c", "csrc/core/cuda_info.c"]
+    + rel("kernels/cpu/*.c"),
+    [c for c in rel("kernels/cuda/*.cu") if c not in CORE_CUDA[1:]],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": build_ext_cuda})
+setup(ext_modules=[core, kernels], cmdclass={"build_ext": build_ext_cuda})

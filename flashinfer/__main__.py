@@ -326,13 +326,15 @@ def dumps(dump_dir, as_json):
 @cli.command()
 def info():
     """Show versions, whether CUDA kernels were built, and the GPUs visible."""
-    from . import _C
+    from flashinfer_native import _C
+
+    from . import _kernels
 
     click.echo(f"flashinfer: {__version__}")
     click.echo(f"torch: {torch.__version__}")
-    built = bool(getattr(_C, "cuda_built", False))
-    archs = getattr(_C, "cuda_archs", "")
-    click.echo(f"CUDA kernels built: {'yes' if built else 'no'}" + (f" ({archs})" if archs else ""))
+    for what, ext in (("CUDA kernels built", _kernels), ("CUDA statistics kernel built", _C)):
+        archs = f" ({ext.cuda_archs})" if ext.cuda_archs else ""
+        click.echo(f"{what}: {'yes' if ext.cuda_built else 'no'}{archs}")
     try:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken driver still lets info print the rest

@@ -1,14 +1,14 @@
 """Plumbing shared by the decode and prefill attention functions and wrappers.
 
 Argument checks, index-tensor copies, scale folding, output allocation and the call of
-``flashinfer._C.attention`` (with stream and thread count) live here once.
+``flashinfer._kernels.attention`` (with stream and thread count) live here once.
 """
 
 import math
 
 import torch
 
-from . import _C
+from . import _kernels
 
 _KV_LAYOUTS = ("NHD", "HND")
 _POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA")
@@ -183,7 +183,7 @@ def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, cache=None, **kwargs):
             if kwargs.get(name) is not None:
                 kwargs[name] = _on_device(name, kwargs[name], q.device, cache)
         kwargs["stream"] = torch.cuda.current_stream(q.device).cuda_stream
-    _C.attention(
+    _kernels.attention(
         q, k, v, out, lse, qo_indptr, kv_indptr, num_threads=torch.get_num_threads(), **kwargs
     )
 

@@ -3,7 +3,7 @@
 The configuration is read from the ``FLASHINFER_*`` environment variables every time
 this module is executed (first import, or a re-import after removing it from
 ``sys.modules``); each execution starts a fresh native logger. The work per call is
-done by ``flashinfer._C``: this module only builds decorators and the header text.
+done by ``flashinfer_native._C``: this module only builds decorators and the header text.
 
 Levels: 0 off (the decorator returns the function itself), 1 API names, 3 inputs and
 outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recorder
@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from . import _C
+from flashinfer_native import _C
+
 from .version import __version__
 
 _LOGGER = _C.Logger()

@@ -1,6 +1,6 @@
 """Decode attention: one query token per request against a KV cache.
 
-The computation runs in C (``flashinfer._C.attention``); this module checks the
+The computation runs in C (``flashinfer._kernels.attention``); this module checks the
 FlashInfer-shaped arguments, allocates outputs and keeps the wrapper plans.
 """
 

@@ -1,6 +1,6 @@
 """Prefill attention: many query tokens per request, causal or custom-masked.
 
-The computation runs in C (``flashinfer._C.attention``); this module checks the
+The computation runs in C (``flashinfer._kernels.attention``); this module checks the
 FlashInfer-shaped arguments, packs masks, allocates outputs and keeps the wrapper plans.
 """
 

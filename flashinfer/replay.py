@@ -2,7 +2,7 @@
 
 Reads a dump directory (metadata.jsonl + inputs/outputs tensor files), rebuilds the
 call's arguments, optionally runs it again and compares the result with the recording.
-Tensor files are read by ``flashinfer._C.load_tensors`` when the extension provides it.
+Tensor files are read by ``flashinfer_native._C.load_tensors`` when the extension provides it.
 """
 
 import contextlib
@@ -119,7 +119,7 @@ def _load_safetensors(path):
 def load_tensor_file(path):
     """Load a dump tensor file (``.pt`` or ``.safetensors``) into ``{key: tensor}`` on CPU.
 
-    Uses ``flashinfer._C.load_tensors`` when the extension has it; otherwise
+    Uses ``flashinfer_native._C.load_tensors`` when the extension has it; otherwise
     ``torch.load(weights_only=True)`` or safetensors, restoring recorded strides.
 
     Raises
@@ -127,7 +127,7 @@ def load_tensor_file(path):
     ValueError
         The file is truncated, corrupt, or not a dict of tensors; the message names it.
     """
-    from . import _C
+    from flashinfer_native import _C
 
     loader = getattr(_C, "load_tensors", None)
     try:

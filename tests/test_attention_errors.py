@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashinfer import _C
+from flashinfer import _kernels
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from flashinfer.prefill import (
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -31,7 +31,7 @@ def planned_decode(page_size=4, pages=3, batch=2):
 
 
 def raw_call(**over):
-    """_C.attention on a valid ragged problem with some arguments replaced."""
+    """_kernels.attention on a valid ragged problem with some arguments replaced."""
     args = dict(
         q=torch.randn(3, 4, 64).to(F16),
         k=torch.randn(10, 2, 64).to(F16),
@@ -42,7 +42,7 @@ def raw_call(**over):
         kv_indptr=torch.tensor([0, 4, 10], dtype=torch.int32),
     )
     args.update(over)
-    _C.attention(**args)
+    _kernels.attention(**args)
 
 
 def test_valid_raw_call_runs():

@@ -9,6 +9,7 @@ import replay_helpers as h
 import torch
 
 import flashinfer
+import flashinfer_native
 from flashinfer import replay as rp
 from flashinfer.replay import classify, replay_from_dump, replay_sequence
 
@@ -330,7 +331,7 @@ def test_native_reader_used_when_extension_has_one(writer, monkeypatch):
         seen.append(os.path.basename(path))
         return {"arg_0": torch.zeros(2), "arg_1": torch.zeros(2)}
 
-    monkeypatch.setattr(flashinfer._C, "load_tensors", fake_load, raising=False)
+    monkeypatch.setattr(flashinfer_native._C, "load_tensors", fake_load, raising=False)
     args = replay_from_dump(writer.dirs[0], device="cpu")["args"]
     assert seen == ["inputs.pt"] and torch.equal(args[0], torch.zeros(2))
 

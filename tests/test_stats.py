@@ -1,4 +1,4 @@
-"""Level-5 tensor statistics (SPEC 3.3): flashinfer._C.tensor_stats and format_tensor_stats
+"""Level-5 tensor statistics (SPEC 3.3): flashinfer_native._C.tensor_stats and format_tensor_stats
 checked against torch computed in float64."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashinfer  # noqa: F401  (loads torch before the extension)
-from flashinfer import _C
+from flashinfer_native import _C
 
 FLOAT8_DTYPES = [
     torch.float8_e4m3fn,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from logging_utils import reload_api_logging, restore_level_0
 
-from flashinfer import _C
+from flashinfer_native import _C
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

@@ -1,4 +1,4 @@
-/* ops_attention.h: flashinfer._C.attention, the checked entry point from Python to the
+/* ops_attention.h: flashinfer._kernels.attention, the checked entry point from Python to the
  * attention kernels (decode and prefill, ragged or paged KV). */
 #ifndef FI_OPS_ATTENTION_H
 #define FI_OPS_ATTENTION_H

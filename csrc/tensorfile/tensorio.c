@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "crc32.h"
-#include "module.h"
 #include "pickle.h"
 #include "ptzip.h"
 #include "safetensors.h"

@@ -39,4 +39,7 @@ const char *fi_logger_timestamp(fi_logger *lg);
  * attempted on stderr (logging never breaks the call). */
 void fi_logger_emit(fi_logger *lg, const char *data, size_t len);
 
+/* Adds the Logger type to the module. */
+int fi_logger_exec(PyObject *module);
+
 #endif

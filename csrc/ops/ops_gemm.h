@@ -1,4 +1,4 @@
-/* ops_gemm.h: flashinfer._C entry points for the fp8 GEMMs, fp4 quantization and the
+/* ops_gemm.h: flashinfer._kernels entry points for the fp8 GEMMs, fp4 quantization and the
  * fp4 GEMM: argument checking, then the CPU kernels with the GIL released. */
 #ifndef FI_OPS_GEMM_H
 #define FI_OPS_GEMM_H
@@ -6,7 +6,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* Adds _C.bmm_fp8, _C.mm_fp8, _C.fp4_quantize and _C.mm_fp4 to the module. */
+/* Adds bmm_fp8, mm_fp8, fp4_quantize and mm_fp4 to the module. */
 int fi_gemm_exec(PyObject *module);
 
 #endif

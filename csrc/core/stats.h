@@ -55,4 +55,7 @@ int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
  * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent);
 
+/* Adds tensor_stats, format_tensor_stats and the test hooks to the module. */
+int fi_stats_exec(PyObject *module);
+
 #endif

@@ -17,4 +17,7 @@ int fi_format_value(fi_buf *b, PyObject *value, int indent, int level, int inden
 /* Borrowed enum.Enum type (cached by fi_format_exec). */
 PyObject *fi_enum_type(void);
 
+/* Caches enum.Enum for the formatter. */
+int fi_format_exec(PyObject *module);
+
 #endif

@@ -258,7 +258,7 @@ static PyType_Slot logger_slots[] = {
 };
 
 static PyType_Spec logger_spec = {
-    .name = "flashinfer._C.Logger",
+    .name = "flashinfer_native._C.Logger",
     .basicsize = sizeof(fi_logger),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .slots = logger_slots,

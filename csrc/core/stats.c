@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "fi_numeric.h"
-#include "module.h"
 #include "tensor.h"
 
 /* ---- memory layout ---------------------------------------------------------------- */

@@ -1,11 +1,20 @@
-/* module.c: flashinfer._C module definition. The only place that knows which
- * components make up the module; each one adds its functions and types in its exec. */
+/* module.c: flashinfer_native._C, the native logging core. The only place that knows
+ * which components make up the module; each one adds its functions and types in its exec. */
 #include "module.h"
+
+#include "cuda_info.h"
+#include "format.h"
+#include "json.h"
+#include "logger.h"
+#include "stats.h"
 #include "tensor.h"
+#include "tensorio.h"
+#include "wrapper.h"
 
-PyDoc_STRVAR(module_doc, "flashinfer._C: native logging core, tensor formats and kernels.");
+PyDoc_STRVAR(module_doc, "flashinfer_native._C: native API-logging core, flight recorder and "
+                         "tensor files.");
 
-int fi_tensor_exec(PyObject *module)
+static int tensor_exec(PyObject *module)
 {
     (void)module;
     return fi_tensor_init();
@@ -32,21 +41,19 @@ static int module_clear(PyObject *module)
 static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
-    {Py_mod_exec, fi_tensor_exec},
+    {Py_mod_exec, tensor_exec},
     {Py_mod_exec, fi_format_exec},
     {Py_mod_exec, fi_logger_exec},
     {Py_mod_exec, fi_wrapper_exec},
-    {Py_mod_exec, fi_gemm_exec},
     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},
     {Py_mod_exec, fi_stats_exec},
-    {Py_mod_exec, fi_attention_exec},
     {Py_mod_exec, fi_cuda_info_exec},
     {0, NULL},
 };
 
 PyModuleDef fi_module_def = {
-    PyModuleDef_HEAD_INIT,   .m_name = "flashinfer._C",
+    PyModuleDef_HEAD_INIT,   .m_name = "flashinfer_native._C",
     .m_doc = module_doc,     .m_size = sizeof(fi_module_state),
     .m_slots = module_slots, .m_traverse = module_traverse,
     .m_clear = module_clear, .m_free = module_free,

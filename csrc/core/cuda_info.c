@@ -1,6 +1,6 @@
-/* cuda_info.c: flashinfer._C.cuda_built and flashinfer._C.cuda_archs, saying whether
+/* cuda_info.c: cuda_built and cuda_archs of an extension module, saying whether
  * this build holds the CUDA kernels and for which architectures. */
-#include "module.h"
+#include "cuda_info.h"
 
 #ifndef FI_CUDA_ARCHS
 #define FI_CUDA_ARCHS ""

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "module.h"
 #include "tensor.h"
 
 typedef struct {

@@ -1,12 +1,13 @@
 /* wrapper.c: the object every @flashinfer_api function becomes above level 0.
  * A vectorcall type that logs, dumps and calls through; __get__ binds methods. */
-#include "logger.h"
+#include "wrapper.h"
 
 #include <structmember.h>
 
 #include "config.h"
 #include "dump.h"
 #include "format.h"
+#include "logger.h"
 #include "module.h"
 #include "strbuf.h"
 #include "tensor.h"
@@ -396,7 +397,7 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         return NULL;
     }
     if (!fi_logger_check(logger)) {
-        PyErr_Format(PyExc_TypeError, "logger must be a flashinfer._C.Logger, got %.200s",
+        PyErr_Format(PyExc_TypeError, "logger must be a flashinfer_native._C.Logger, got %.200s",
                      Py_TYPE(logger)->tp_name);
         return NULL;
     }
@@ -540,7 +541,7 @@ static PyType_Slot wrapper_slots[] = {
 };
 
 static PyType_Spec wrapper_spec = {
-    .name = "flashinfer._C.APIWrapper",
+    .name = "flashinfer_native._C.APIWrapper",
     .basicsize = sizeof(fi_wrapper),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .slots = wrapper_slots,
@@ -657,7 +658,7 @@ static PyType_Slot bound_slots[] = {
 };
 
 static PyType_Spec bound_spec = {
-    .name = "flashinfer._C.APIBoundMethod",
+    .name = "flashinfer_native._C.APIBoundMethod",
     .basicsize = sizeof(fi_bound),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
              Py_TPFLAGS_DISALLOW_INSTANTIATION,

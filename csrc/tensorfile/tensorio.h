@@ -72,4 +72,7 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
 int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim, const int64_t *shape,
                   const int64_t *stride, uint64_t *nbytes, uint64_t *span_elems);
 
+/* Adds save_tensors and load_tensors to the module. */
+int fi_tensorio_exec(PyObject *module);
+
 #endif

@@ -3,7 +3,6 @@
 #include "ops_gemm.h"
 
 #include "flashinfer_kernels.h"
-#include "module.h"
 #include "tensor.h"
 
 /* One tensor argument: its public name and what we read from it. */
@@ -48,10 +47,11 @@ static int check_devices(const char *op, tensor_arg **args, int n)
 #ifdef FI_WITH_CUDA
         return 0;
 #else
-        PyErr_Format(PyExc_ValueError,
-                     "%s: %s is on device cuda:%d but this build of flashinfer._C has no CUDA "
-                     "support (built without nvcc); %s runs on cpu tensors only",
-                     op, args[0]->name, args[0]->t.device_index, op);
+        PyErr_Format(
+            PyExc_ValueError,
+            "%s: %s is on device cuda:%d but this build of flashinfer._kernels has no CUDA "
+            "support (built without nvcc); %s runs on cpu tensors only",
+            op, args[0]->name, args[0]->t.device_index, op);
         return -1;
 #endif
     }

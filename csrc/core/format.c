@@ -3,7 +3,6 @@
 #include "format.h"
 
 #include "flashinfer_kernels.h"
-#include "module.h"
 #include "stats.h"
 #include "tensor.h"
 
