@@ -614,7 +614,7 @@ static void call_free(fi_dump_call *call)
 fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (lg->suspended > 0)
+    if (fi_logger_dumps_suspended(lg))
         return NULL;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);

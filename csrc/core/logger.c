@@ -73,6 +73,12 @@ static void logger_dealloc(fi_logger *lg)
     Py_DECREF(tp);
 }
 
+int fi_logger_dumps_suspended(fi_logger *lg)
+{
+    fi_module_state *st = PyType_GetModuleState(Py_TYPE(lg));
+    return st && st->dumps_suspended > 0;
+}
+
 const char *fi_logger_timestamp(fi_logger *lg)
 {
     time_t now = time(NULL);
@@ -202,7 +208,6 @@ static PyGetSetDef logger_getset[] = {
 };
 
 static PyMemberDef logger_members[] = {
-    {"suspended", T_INT, offsetof(fi_logger, suspended), 0, "> 0 while dumping is suspended."},
     {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
      "Tests: record every call as if a CUDA graph were being captured."},
     {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
@@ -271,8 +276,48 @@ int fi_logger_check(PyObject *obj)
     return logger_type_cache && PyObject_TypeCheck(obj, logger_type_cache);
 }
 
+PyDoc_STRVAR(suspend_doc, "suspend_dumps()\n--\n\nStop level-10 dumping in every logger of "
+                          "the process until the matching resume_dumps() (calls nest).");
+PyDoc_STRVAR(resume_doc, "resume_dumps()\n--\n\nUndo one suspend_dumps().");
+
+static PyObject *suspend_dumps(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    fi_state_of(module)->dumps_suspended++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *resume_dumps(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    fi_module_state *st = fi_state_of(module);
+    if (st->dumps_suspended <= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "resume_dumps() without a matching suspend_dumps()");
+        return NULL;
+    }
+    st->dumps_suspended--;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(suspended_doc, "dumps_suspended()\n--\n\nTrue while a suspend_dumps() is in force.");
+
+static PyObject *dumps_suspended(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(fi_state_of(module)->dumps_suspended > 0);
+}
+
+static PyMethodDef suspension_methods[] = {
+    {"suspend_dumps", suspend_dumps, METH_NOARGS, suspend_doc},
+    {"resume_dumps", resume_dumps, METH_NOARGS, resume_doc},
+    {"dumps_suspended", dumps_suspended, METH_NOARGS, suspended_doc},
+    {NULL},
+};
+
 int fi_logger_exec(PyObject *module)
 {
+    if (PyModule_AddFunctions(module, suspension_methods) < 0)
+        return -1;
     fi_module_state *st = fi_state_of(module);
     st->logger_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &logger_spec, NULL);
     if (!st->logger_type)

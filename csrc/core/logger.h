@@ -23,7 +23,6 @@ typedef struct {
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
     PyObject *graph_pending; /* list of calls recorded during CUDA graph capture */
     int force_graph_capture; /* tests: treat every call as captured */
-    int suspended;           /* > 0 while replaying: no dumps */
     int count_cap_warned, size_cap_warned;
     int dump_root_ready;
     int session_fd; /* DUMP_DIR/session.jsonl, opened on first use */
@@ -34,6 +33,9 @@ int fi_logger_check(PyObject *obj);
 
 /* "[YYYY-MM-DD HH:MM:SS]" for now, local time; cached per second. */
 const char *fi_logger_timestamp(fi_logger *lg);
+
+/* Nonzero while dumping is suspended process-wide (a replay is running). */
+int fi_logger_dumps_suspended(fi_logger *lg);
 
 /* Writes a record; on failure the exception is swallowed and one error line is
  * attempted on stderr (logging never breaks the call). */

@@ -11,6 +11,7 @@ typedef struct {
     PyTypeObject *logger_type;
     PyTypeObject *wrapper_type;
     PyTypeObject *bound_type;
+    long dumps_suspended; /* > 0 while a replay runs: no logger dumps (suspend_dumps()) */
 } fi_module_state;
 
 extern PyModuleDef fi_module_def;

@@ -249,7 +249,7 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
     fi_dump_call *dump = NULL;
     fi_buf b;
     fi_buf_init(&b);
-    if (detailed && level >= 10 && !lg->suspended) {
+    if (detailed && level >= 10 && !fi_logger_dumps_suspended(lg)) {
         fi_dump_api api = {name, w->func, w->signature_text, self};
         dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
     }

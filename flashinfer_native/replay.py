@@ -1,165 +1,30 @@
 """Replay of level-10 flight-recorder dumps (SPEC 5.1, 5.2).
 
-Reads a dump directory (metadata.jsonl + inputs/outputs tensor files), rebuilds the
-call's arguments, optionally runs it again and compares the result with the recording.
-Tensor files are read by ``flashinfer_native._C.load_tensors`` when the extension provides it.
+Reads a dump directory through ``dumpdir`` (metadata.jsonl + inputs/outputs tensor
+files), rebuilds the call's arguments, optionally runs it again and compares the result
+with the recording. Level-10 dumping is suspended process-wide while a replay runs.
 """
 
 import contextlib
-import fnmatch
 import importlib
-import json
 import math
 import os
 import re
-import sys
 import traceback
 
 import torch
 
-__all__ = ["replay_from_dump", "replay_sequence", "read_metadata", "find_dump_dirs"]
+from . import _C
+from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
 
-METADATA_FILE = "metadata.jsonl"
+__all__ = ["replay_from_dump", "replay_sequence", "suspended_dumps"]
+
 _NESTED_KEY = re.compile(r"__(\d+|key_\d+|value_\d+)$")
-_DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
 _EXACT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-# --------------------------------------------------------------------------- files
-
-
-def read_metadata(dump_dir):
-    """Read every record of ``DUMP_DIR/metadata.jsonl``.
-
-    Parameters
-    ----------
-    dump_dir : str or os.PathLike
-        One dump directory.
-
-    Returns
-    -------
-    list of dict
-        The records in file order (line 1 ``inputs_saved``, line 2 if the call ended).
-
-    Raises
-    ------
-    FileNotFoundError
-        The directory or its metadata file does not exist.
-    ValueError
-        The file is empty, or a line is not a JSON object.
-    """
-    dump_dir = os.fspath(dump_dir)
-    if not os.path.isdir(dump_dir):
-        raise FileNotFoundError(f"dump directory not found: {dump_dir}")
-    path = os.path.join(dump_dir, METADATA_FILE)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: metadata file is missing") from None
-    except OSError as exc:
-        raise OSError(f"{path}: cannot read metadata file ({exc.strerror})") from None
-    records = []
-    for lineno, line in enumerate(raw.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc})") from None
-        if not isinstance(record, dict):
-            raise ValueError(
-                f"{path}: line {lineno} is a JSON {type(record).__name__}, expected an object"
-            )
-        records.append(record)
-    if not records:
-        raise ValueError(f"{path}: metadata file is empty (no JSON records)")
-    return records
-
-
-def _restride(tensor, stride):
-    """Give a contiguous tensor back its recorded strides (safetensors stores contiguous)."""
-    stride = tuple(int(s) for s in stride)
-    if len(stride) != tensor.dim():
-        raise ValueError(f"{len(stride)} strides recorded for a {tensor.dim()}-d tensor")
-    if tuple(tensor.stride()) == stride or tensor.numel() == 0:
-        return torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype).copy_(tensor)
-    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, stride))
-    flat = torch.empty(span, dtype=tensor.dtype)
-    # Overlapping strides (expanded tensors) cannot be copy_'d into: scatter the bits
-    # by linear index instead; equal elements write the same value.
-    index = torch.arange(span).as_strided(tensor.shape, stride).reshape(-1)
-    bits = _BITS_VIEW.get(tensor.element_size())
-    if bits is None:
-        raise ValueError(f"cannot restore overlapping strides for dtype {tensor.dtype}")
-    flat.view(bits)[index] = tensor.contiguous().view(bits).reshape(-1)
-    return flat.as_strided(tensor.shape, stride)
-
-
-def _load_safetensors(path):
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt", device="cpu") as f:
-        meta = f.metadata() or {}
-        tensors = {key: f.get_tensor(key) for key in f.keys()}
-    strides = json.loads(meta.get("flashinfer.strides", "{}"))
-    grads = json.loads(meta.get("flashinfer.requires_grad", "{}"))
-    if isinstance(grads, list):
-        grads = {key: True for key in grads}
-    for key, stride in strides.items():
-        if key in tensors:
-            tensors[key] = _restride(tensors[key], stride)
-    for key, flag in grads.items():
-        if flag and key in tensors and tensors[key].is_floating_point():
-            tensors[key].requires_grad_(True)
-    return tensors
-
-
-def load_tensor_file(path):
-    """Load a dump tensor file (``.pt`` or ``.safetensors``) into ``{key: tensor}`` on CPU.
-
-    Uses ``flashinfer_native._C.load_tensors`` when the extension has it; otherwise
-    ``torch.load(weights_only=True)`` or safetensors, restoring recorded strides.
-
-    Raises
-    ------
-    ValueError
-        The file is truncated, corrupt, or not a dict of tensors; the message names it.
-    """
-    from flashinfer_native import _C
-
-    loader = getattr(_C, "load_tensors", None)
-    try:
-        if loader is not None:
-            tensors = loader(path)
-        elif path.endswith(".safetensors"):
-            tensors = _load_safetensors(path)
-        else:
-            tensors = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        if path in str(exc):
-            raise
-        raise ValueError(
-            f"{path}: cannot read tensor file, truncated or corrupt ({type(exc).__name__}: {exc})"
-        ) from None
-    if not isinstance(tensors, dict) or not all(
-        isinstance(t, torch.Tensor) for t in tensors.values()
-    ):
-        raise ValueError(f"{path}: tensor file does not hold a dict of tensors")
-    return tensors
-
-
-def _tensor_file(dump_dir, stem, record):
-    """Path of inputs/outputs file, preferring the recorded ``tensor_format``; None if absent."""
-    order = [".pt", ".safetensors"]
-    if record.get("tensor_format") == "safetensors":
-        order.reverse()
-    for ext in order:
-        path = os.path.join(dump_dir, stem + ext)
-        if os.path.isfile(path):
-            return path
-    return None
+# ----------------------------------------------------------------------- tensors
 
 
 def _to_device(tensor, device):
@@ -178,7 +43,7 @@ def _to_device(tensor, device):
 def _load_tensors(dump_dir, stem, record, key_list_name, device):
     """Load inputs or outputs of a dump; checks the keys listed in ``tensor_info``."""
     listed = (record.get("tensor_info") or {}).get(key_list_name) or []
-    path = _tensor_file(dump_dir, stem, record)
+    path = tensor_file(dump_dir, stem, record)
     if path is None:
         if listed:
             raise FileNotFoundError(
@@ -401,11 +266,15 @@ def _brief(value):
 # -------------------------------------------------------------------------- replay
 
 
-def _suspend_dumps():
-    """Context manager that pauses level-10 dumping while replaying, when available."""
-    api_logging = sys.modules.get("flashinfer.api_logging")
-    suspend = getattr(api_logging, "_suspend_dumps", None)
-    return suspend() if suspend is not None else contextlib.nullcontext()
+@contextlib.contextmanager
+def suspended_dumps():
+    """Pause level-10 dumping in every logger of the process (replay never writes into
+    the directory it reads, nor records its own calls)."""
+    _C.suspend_dumps()
+    try:
+        yield
+    finally:
+        _C.resume_dumps()
 
 
 def _prepare_call(record, args, kwargs, registry, where):
@@ -513,7 +382,7 @@ def replay_from_dump(
                 f"{where}: {key!r} is a JSON {type(record[key]).__name__}, expected an object"
             )
     status = record.get("execution_status")
-    with _suspend_dumps():
+    with suspended_dumps():
         tensors, inputs_path = _load_tensors(
             dump_dir, "inputs", record, "input_tensor_keys", device
         )
@@ -581,92 +450,6 @@ def _judge(result, record, expected, rtol, atol):
 
 
 # ------------------------------------------------------------------------ sequence
-
-
-def find_dump_dirs(root_dir):
-    """Sub-directories of ``root_dir`` holding ``metadata.jsonl``, sorted by name."""
-    root_dir = os.fspath(root_dir)
-    if not os.path.isdir(root_dir):
-        raise FileNotFoundError(f"dump root directory not found: {root_dir}")
-    return sorted(
-        os.path.join(root_dir, name)
-        for name in os.listdir(root_dir)
-        if os.path.isfile(os.path.join(root_dir, name, METADATA_FILE))
-    )
-
-
-def _order_key(first_record, dir_name):
-    """Sort key ``(timestamp, process_id, sequence, name)``; None without ``sequence``."""
-    if first_record is None or "sequence" not in first_record:
-        return None
-    ts = first_record.get("timestamp")
-    ts_key = (0, float(ts), "") if isinstance(ts, (int, float)) else (1, 0.0, str(ts))
-    try:
-        pid = int(first_record.get("process_id") or 0)
-        sequence = int(first_record["sequence"])
-    except (TypeError, ValueError):
-        return None
-    return (ts_key, pid, sequence, dir_name)
-
-
-def _fallback_key(dir_name):
-    """Key for a dump whose metadata cannot be read: its place from the directory name."""
-    match = _DIR_NAME.match(dir_name)
-    if match is None:
-        return ((2, 0.0, dir_name), 0, math.inf, dir_name)
-    return ((1, 0.0, match.group(1)), int(match.group(2)), math.inf, dir_name)
-
-
-def _split_patterns(patterns):
-    if not patterns:
-        return []
-    if isinstance(patterns, str):
-        patterns = patterns.split(",")
-    return [p.strip() for p in patterns if p and p.strip()]
-
-
-def _api_name(records, dir_name):
-    if records:
-        return str(records[-1].get("function_name", ""))
-    match = _DIR_NAME.match(dir_name)
-    return match.group(3) if match else dir_name
-
-
-def ordered_dumps(root_dir, include=None, exclude=None):
-    """Dumps under ``root_dir`` passing the filters, in call order.
-
-    Order: ``(timestamp, process_id, sequence)`` when every readable dump has
-    ``sequence`` (unreadable ones take their place from the directory name), else the
-    directory name.
-
-    Returns
-    -------
-    list of (str, list or None)
-        Dump path and its metadata records (None when they cannot be read).
-    """
-    include, exclude = _split_patterns(include), _split_patterns(exclude)
-    entries = []
-    for path in find_dump_dirs(root_dir):
-        name = os.path.basename(path)
-        try:
-            records = read_metadata(path)
-        except (OSError, ValueError):
-            records = None
-        api = _api_name(records, name)
-        if include and not any(fnmatch.fnmatchcase(api, p) for p in include):
-            continue
-        if any(fnmatch.fnmatchcase(api, p) for p in exclude):
-            continue
-        entries.append((path, records))
-    keys = [_order_key(r[0] if r else None, os.path.basename(p)) for p, r in entries]
-    if all(k is not None for k, (_, r) in zip(keys, entries) if r):
-        keys = [
-            k if k is not None else _fallback_key(os.path.basename(p))
-            for k, (p, _) in zip(keys, entries)
-        ]
-    else:
-        keys = [os.path.basename(p) for p, _ in entries]
-    return [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
 
 
 def replay_entry(path, records, registry, device=None, rtol=1e-3, atol=1e-3):

@@ -1,0 +1,283 @@
+"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3).
+
+``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
+(``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from collections import Counter
+
+import click
+import torch
+
+from . import __version__, dumpdir
+from . import replay as _replay
+
+_MARKS = {
+    "passed": ("✅ Passed", "green"),
+    "mismatch": ("❌ Mismatch", "red"),
+    "error": ("❌ Error", "red"),
+    "incomplete": (
+        "⚠️ Incomplete: the process ended during this call (inputs only, not run)",
+        "yellow",
+    ),
+}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="flashinfer")
+def cli():
+    """flashinfer: replay and inspect level-10 flight-recorder dumps."""
+
+
+def _stdout_is_terminal():
+    """Colour and progress only for a person watching, never in pipes or files."""
+    return sys.stdout.isatty()
+
+
+def _device_option(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError) as exc:
+        raise click.BadParameter(f"{value!r} is not a torch device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter(f"{value!r}: CUDA is not available on this machine")
+    return device
+
+
+def _first_line(text):
+    text = str(text).strip()
+    return text.splitlines()[0] if text else text
+
+
+def _message(result, status):
+    if status == "error":
+        return _first_line(result.get("error") or result.get("execution_error", ""))
+    return ""
+
+
+def _call_line(index, result, status, color):
+    name = (result.get("metadata") or {}).get("function_name", "unknown")
+    mark, colour = _MARKS[status]
+    text = mark
+    if status == "error":
+        text = f"{mark}: {_message(result, status)}"
+    elif status == "passed" and result.get("comparison_skipped"):
+        text = f"{mark} ({result['comparison_skipped']})"
+    dir_name = os.path.basename(result.get("dump_dir", ""))
+    styled = click.style(text, fg=colour) if color else text
+    return f"[{index}] {name} ({dir_name}): {styled}"
+
+
+def _report_entry(index, result, status):
+    metadata = result.get("metadata") or {}
+    entry = {
+        "index": index,
+        "function_name": metadata.get("function_name"),
+        "dump_dir": result.get("dump_dir"),
+        "dir_name": os.path.basename(result.get("dump_dir", "")),
+        "status": status,
+        "execution_status": metadata.get("execution_status"),
+    }
+    if status == "error":
+        entry["message"] = result.get("error") or result.get("execution_error")
+    if result.get("mismatches"):
+        entry["mismatches"] = result["mismatches"]
+    if result.get("comparison_skipped"):
+        entry["comparison_skipped"] = result["comparison_skipped"]
+    return entry
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "dump_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    help="One dump directory, or a dump root (FLASHINFER_DUMP_DIR) to replay in call order.",
+)
+@click.option(
+    "--device",
+    callback=_device_option,
+    default=None,
+    help="Device for the replay (default: cuda when available, else cpu).",
+)
+@click.option("--include", default=None, help="Comma-separated fnmatch patterns of API names.")
+@click.option("--exclude", default=None, help="Comma-separated fnmatch patterns to skip.")
+@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a machine-readable report to this file.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
+def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
+    """Replay recorded API calls and compare them with their recorded outputs.
+
+    Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
+    incomplete (or none was found), 2 for bad arguments or a missing directory.
+    """
+    tty = _stdout_is_terminal()
+    device = _replay._resolve_device(device)
+    single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
+    if single:
+        click.echo(f"Replaying single dump from {dump_dir}...")
+        try:
+            records = dumpdir.read_metadata(dump_dir)
+        except (OSError, ValueError):
+            records = None
+        entries = [(dump_dir, records)]
+    else:
+        click.echo(f"Replaying session from {dump_dir}...")
+        entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
+    registry = {}
+    counts = Counter()
+    report = []
+    for index, (path, records) in enumerate(entries, 1):
+        if tty:
+            click.echo(f"  replaying {index}/{len(entries)} {os.path.basename(path)}...", nl=False)
+        result = _replay.replay_entry(path, records, registry, device, rtol, atol)
+        if tty:
+            click.echo("\r\x1b[K", nl=False)
+        status = _replay.classify(result)
+        counts[status] += 1
+        click.echo(_call_line(index, result, status, tty))
+        mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
+        for line in mismatches if verbose else mismatches[:3]:
+            click.echo(f"    {line}")
+        if verbose and status == "error" and result.get("traceback"):
+            click.echo(result["traceback"].rstrip())
+        report.append(_report_entry(index, result, status))
+    passed = counts["passed"]
+    failed = counts["mismatch"] + counts["error"]
+    summary = f"Summary: {passed} passed, {failed} failed/mismatch"
+    if counts["incomplete"]:
+        summary += f", {counts['incomplete']} incomplete"
+    if not entries:
+        click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
+    click.echo(summary)
+    if json_path:
+        _write_json(
+            json_path,
+            {
+                "dir": os.path.abspath(dump_dir),
+                "mode": "single" if single else "session",
+                "device": str(device),
+                "rtol": rtol,
+                "atol": atol,
+                "summary": {
+                    "total": len(entries),
+                    "passed": passed,
+                    "failed": failed,
+                    "mismatch": counts["mismatch"],
+                    "error": counts["error"],
+                    "incomplete": counts["incomplete"],
+                },
+                "results": report,
+            },
+        )
+    ok = entries and passed == len(entries)
+    sys.exit(0 if ok else 1)
+
+
+def _write_json(path, data):
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as exc:
+        raise click.FileError(path, hint=exc.strerror) from None
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "dump_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    help="Dump root (FLASHINFER_DUMP_DIR) holding session.jsonl.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def dumps(dump_dir, as_json):
+    """Summarise a recorded session: calls per API, completed, exception and crashed calls."""
+    s = dumpdir.summarize_session(dump_dir)
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+        return
+    click.echo(f"Session {s['root']} ({s['source']})")
+    click.echo(
+        f"{s['calls']} calls: {len(s['completed'])} completed, {len(s['exception'])} "
+        f"exception, {len(s['incomplete'])} incomplete"
+    )
+    click.echo(f"Tensor bytes recorded: {s['recorded_bytes']}, on disk: {s['disk_bytes']}")
+    if s["unreadable_records"]:
+        click.echo(f"Unreadable records skipped: {s['unreadable_records']}")
+    click.echo("Calls per API:")
+    for api, n in s["per_api"].items():
+        click.echo(f"  {api}: {n}")
+    if s["completed"]:
+        click.echo("Completed calls:")
+        for name in s["completed"]:
+            click.echo(f"  {name}")
+    if s["exception"]:
+        click.echo("Exception calls:")
+        for e in s["exception"]:
+            click.echo(f"  {e['dir']}: {e['type']}: {e['message']}")
+    if s["incomplete"]:
+        click.echo("Incomplete calls (the process ended during the call):")
+        for name in s["incomplete"]:
+            click.echo(f"  {name}")
+
+
+def _flashinfer_package():
+    """(version, which) of the importable flashinfer package, or None."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer
+
+    ours = importlib.util.find_spec("flashinfer._kernels") is not None
+    which = "this repository's mirror" if ours else "FlashInfer (flashinfer-python)"
+    return getattr(flashinfer, "__version__", "unknown"), which, ours
+
+
+@cli.command()
+def info():
+    """Show versions, whether CUDA kernels were built, and the GPUs visible."""
+    from . import _C
+
+    package = _flashinfer_package()
+    if package is None:
+        click.echo("flashinfer: not installed")
+    else:
+        click.echo(f"flashinfer: {package[0]} ({package[1]})")
+    click.echo(f"flashinfer_native: {__version__}")
+    click.echo(f"torch: {torch.__version__}")
+    built = [("CUDA statistics kernel built", _C)]
+    if package is not None and package[2]:
+        from flashinfer import _kernels
+
+        built.insert(0, ("CUDA kernels built", _kernels))
+    for what, ext in built:
+        archs = f" ({ext.cuda_archs})" if ext.cuda_archs else ""
+        click.echo(f"{what}: {'yes' if ext.cuda_built else 'no'}{archs}")
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver still lets info print the rest
+        count = 0
+        click.echo(f"GPU query failed: {traceback.format_exc(limit=0).strip()}")
+    click.echo(f"GPUs visible: {count}")
+    for i in range(count):
+        click.echo(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
+
+
+if __name__ == "__main__":
+    cli()
