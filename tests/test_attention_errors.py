@@ -1,4 +1,5 @@
-"""Bad attention arguments raise ValueError naming the argument, before any kernel runs."""
+"""Bad attention arguments raise TypeError (not a tensor) or ValueError (a wrong value)
+naming the argument, before any kernel runs."""
 
 import pytest
 import torch
@@ -47,6 +48,11 @@ def raw_call(**over):
 
 def test_valid_raw_call_runs():
     raw_call()
+
+
+def test_raw_call_with_a_list_for_a_tensor_is_a_type_error():
+    with pytest.raises(TypeError, match="kv_indptr: expected a torch.Tensor, got list"):
+        raw_call(kv_indptr=[0, 4, 10])
 
 
 def test_mismatched_head_counts():
@@ -107,9 +113,7 @@ def test_q_with_wrong_ndim():
 
 def test_tensor_on_another_device_is_refused():
     q, k, v = qkv()
-    with pytest.raises(
-        ValueError, match="k is on another device; this build runs attention on cpu"
-    ):
+    with pytest.raises(ValueError, match="k is on meta; this build runs attention on cpu"):
         single_decode_with_kv_cache(q, k.to("meta"), v)
 
 
