@@ -82,17 +82,35 @@ static void quantize_row(const fi_fp4_quantize_params *p, float gsf, int64_t r)
     }
 }
 
+/* Per-token mode: the global scale of row r from its amax; writes per_token_scale[r]. */
+static float per_token_global_scale(const fi_fp4_quantize_params *p, int64_t r)
+{
+    const fi_tensor *x = &p->x;
+    const char *row = (const char *)x->data + r * x->stride[0] * (int64_t)fi_dtype_size(x->dtype);
+    float amax = 0.0f;
+    for (int64_t c = 0; c < x->shape[1]; c++)
+        amax = fmaxf(amax, fabsf(load_f32(x, row, c)));
+    float s = amax * *p->global_scale;
+    p->per_token_scale[r] = p->out_scale ? s * *p->out_scale : s;
+    return s != 0.0f ? 1.0f / s : 0.0f;
+}
+
 typedef struct {
     const fi_fp4_quantize_params *p;
     float gsf;
-    int64_t r0, r1;
+    int64_t r0, r1; /* entries of the row map (rows themselves without one) */
 } quantize_range;
 
 static void *quantize_rows(void *arg)
 {
     const quantize_range *qr = arg;
-    for (int64_t r = qr->r0; r < qr->r1; r++)
-        quantize_row(qr->p, qr->gsf, r);
+    const fi_fp4_quantize_params *p = qr->p;
+    for (int64_t i = qr->r0; i < qr->r1; i++) {
+        int64_t r = p->row_map ? p->row_map[i] : i;
+        if (r < 0)
+            continue;
+        quantize_row(p, p->per_token_scale ? per_token_global_scale(p, r) : qr->gsf, r);
+    }
     return NULL;
 }
 

@@ -145,7 +145,15 @@ static inline int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_lay
 }
 
 /* NVFP4 (sf_vec_size 16, E4M3 scales) or MXFP4 (sf_vec_size 32, UE8M0 scales) quantization
- * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble. */
+ * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble; sf is
+ * zeroed first (padding included).
+ *
+ * Per-token mode (per_token_scale not NULL; NVFP4, global_scale given, not inversed): row r
+ * gets its own scale s = amax(|x[r, :]|) * global_scale[0], is quantized with the global
+ * scale 1 / s (0 when s is 0), and per_token_scale[r] = s * out_scale[0] (out_scale NULL:
+ * 1). row_map (NULL: every row) names the rows quantized: row_map[i] for i < m, negative
+ * entries skipped, each row at most once; x_q and per_token_scale of the others are not
+ * written. */
 typedef struct {
     fi_tensor x;               /* [m, k] float32, float16 or bfloat16, any strides */
     uint8_t *x_q;              /* [m, k/2] contiguous */
@@ -155,6 +163,9 @@ typedef struct {
     int sf_vec_size;           /* 16 or 32 */
     int sf_ue8m0;              /* nonzero: UE8M0 scales, else E4M3 */
     fi_sf_layout sf_layout;
+    float *per_token_scale; /* [m], or NULL */
+    const float *out_scale; /* one float32, or NULL */
+    const int32_t *row_map; /* [m] row indices in [0, m) or negative, or NULL */
     int num_threads;
     void *stream;
 } fi_fp4_quantize_params;
