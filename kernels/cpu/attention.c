@@ -1,5 +1,6 @@
 /* attention.c: CPU attention for decode and prefill over ragged or paged KV: GQA,
- * causal/window/custom masks, soft cap, RoPE, fp8 KV; fp32 online softmax. */
+ * causal/window/custom masks, soft cap, RoPE, fp8 and NVFP4 KV, attention sinks; fp32
+ * online softmax. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -122,19 +123,74 @@ FI_INLINE void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
     }
 }
 
-FI_INLINE const char *kv_address(const fi_attention_params *p, const void *base, int64_t b,
-                                 int64_t j, int64_t head, int64_t stride_page, int64_t stride_n,
-                                 int64_t stride_h)
+/* Where key j of request b lives: (page, slot), ragged rows counted from indptr[b]. */
+FI_INLINE void kv_slot(const fi_attention_params *p, const int32_t *indptr, int64_t b, int64_t j,
+                       int64_t *page, int64_t *slot)
 {
-    int64_t page = 0, slot;
     if (p->paged) {
-        page = p->kv_indices[p->kv_indptr[b] + j / p->page_size];
-        slot = j % p->page_size;
+        *page = p->kv_indices[p->kv_indptr[b] + j / p->page_size];
+        *slot = j % p->page_size;
     } else {
-        slot = (int64_t)p->kv_indptr[b] + j;
+        *page = 0;
+        *slot = (int64_t)indptr[b] + j;
     }
-    int64_t offset = page * stride_page + slot * stride_n + head * stride_h;
-    return (const char *)base + offset * (int64_t)fi_dtype_size(p->kv_dtype);
+}
+
+/* One K or V operand as load_kv_block reads it: data, its strides, its NVFP4 scales. */
+typedef struct {
+    const char *base;
+    const int32_t *indptr; /* ragged rows */
+    int64_t stride_page, stride_n, stride_h;
+    const uint8_t *sf;
+    int64_t sf_stride_page, sf_stride_n, sf_stride_h;
+} kv_operand;
+
+FI_INLINE kv_operand k_operand(const fi_attention_params *p)
+{
+    return (kv_operand){
+        p->k,    p->kv_indptr,        p->k_stride_page, p->k_stride_n,   p->k_stride_h,
+        p->k_sf, p->k_sf_stride_page, p->k_sf_stride_n, p->k_sf_stride_h};
+}
+
+FI_INLINE kv_operand v_operand(const fi_attention_params *p)
+{
+    return (kv_operand){p->v,
+                        p->v_indptr ? p->v_indptr : p->kv_indptr,
+                        p->v_stride_page,
+                        p->v_stride_n,
+                        p->v_stride_h,
+                        p->v_sf,
+                        p->v_sf_stride_page,
+                        p->v_sf_stride_n,
+                        p->v_sf_stride_h};
+}
+
+/* Per-block dequantization of one NVFP4 row: 16 E2M1 codes share one E4M3 scale. */
+FI_INLINE void load_fp4_row(const uint8_t *src, const uint8_t *sf, int64_t n, float *dst,
+                            const float *e4m3_table)
+{
+    for (int64_t i = 0; i < n; i += 2) {
+        float scale = e4m3_table[sf[i / 16]];
+        dst[i] = fi_e2m1_to_f32(src[i / 2] & 15) * scale;
+        dst[i + 1] = fi_e2m1_to_f32(src[i / 2] >> 4) * scale;
+    }
+}
+
+/* Row j (head `head`) of operand o for request b, converted to float32 into dst. */
+FI_INLINE void load_kv_row(const fi_attention_params *p, const kv_operand *o, int64_t b, int64_t j,
+                           int64_t head, float *dst, const float *fp8_table)
+{
+    int64_t page, slot;
+    kv_slot(p, o->indptr, b, j, &page, &slot);
+    int64_t offset = page * o->stride_page + slot * o->stride_n + head * o->stride_h;
+    const char *at = o->base + offset * (int64_t)fi_dtype_size(p->kv_dtype);
+    if (p->kv_dtype != FI_DTYPE_FP4X2) {
+        load_row(at, p->kv_dtype, p->head_dim, dst, fp8_table);
+        return;
+    }
+    const uint8_t *sf =
+        o->sf + page * o->sf_stride_page + slot * o->sf_stride_n + head * o->sf_stride_h;
+    load_fp4_row((const uint8_t *)at, sf, p->head_dim, dst, fp8_table);
 }
 
 /* The visible key range [lo, hi] of query row `row` from causality and the window. */
@@ -150,17 +206,14 @@ FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t 
                              int64_t j0, int64_t nb)
 {
     int64_t d = p->head_dim;
+    kv_operand k = k_operand(p), v = v_operand(p);
     for (int64_t j = 0; j < nb; j++) {
-        const char *ka =
-            kv_address(p, p->k, b, j0 + j, kv_head, p->k_stride_page, p->k_stride_n, p->k_stride_h);
-        load_row(ka, p->kv_dtype, d, sc->row, sc->fp8_table);
+        load_kv_row(p, &k, b, j0 + j, kv_head, sc->row, sc->fp8_table);
         if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
             apply_rope(sc->row, d, sc->freq, j0 + j);
         for (int64_t i = 0; i < d; i++)
             sc->kt[i * KV_BLOCK + j] = sc->row[i];
-        const char *va =
-            kv_address(p, p->v, b, j0 + j, kv_head, p->v_stride_page, p->v_stride_n, p->v_stride_h);
-        load_row(va, p->kv_dtype, d, sc->vf + j * d, sc->fp8_table);
+        load_kv_row(p, &v, b, j0 + j, kv_head, sc->vf + j * d, sc->fp8_table);
     }
     for (int64_t j = nb; j < KV_BLOCK; j++)
         for (int64_t i = 0; i < d; i++)
@@ -226,6 +279,18 @@ FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t v
     sc->l[vec] += sum;
 }
 
+/* The per-row finalisation step of attention sinks: the sink joins the softmax state
+ * (running max m, sum l) as one more logit; *corr rescales what was accumulated. */
+FI_INLINE void add_sink(float sink, float *m, float *l, float *corr)
+{
+    float m_new = sink > *m ? sink : *m;
+    if (m_new == -INFINITY)
+        return; /* no key seen and a -inf sink: nothing to add */
+    *corr = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    *l = *l * *corr + expf(sink - m_new);
+    *m = m_new;
+}
+
 FI_VECTOR_CLONES static void run_task(const job *jb, scratch *sc, const task *t)
 {
     const fi_attention_params *p = jb->p;
@@ -271,20 +336,23 @@ FI_VECTOR_CLONES static void run_task(const job *jb, scratch *sc, const task *t)
         }
     }
 
+    int64_t o_start = p->o_indptr ? p->o_indptr[b] : qo_start;
     for (int64_t r = 0; r < rows; r++) {
-        int64_t n = qo_start + t->row0 + r;
+        int64_t n = qo_start + t->row0 + r, no = o_start + t->row0 + r;
         for (int64_t gi = 0; gi < g; gi++) {
             int64_t vec = r * g + gi, head = t->kv_head * g + gi;
-            float l = sc->l[vec];
-            float inv = l > 0.0f ? p->v_scale / l : 0.0f;
+            float m = sc->m[vec], l = sc->l[vec], corr = 1.0f;
+            if (p->sinks)
+                add_sink(p->sinks[head], &m, &l, &corr);
+            float inv = l > 0.0f ? p->v_scale * corr / l : 0.0f;
             const float *acc = sc->acc + vec * d;
-            char *oa = (char *)p->o + (n * p->o_stride_n + head * p->o_stride_h) *
+            char *oa = (char *)p->o + (no * p->o_stride_n + head * p->o_stride_h) *
                                           (int64_t)fi_dtype_size(p->o_dtype);
             for (int64_t i = 0; i < d; i++)
                 store_value(oa, p->o_dtype, i, acc[i] * inv);
             if (p->lse)
                 p->lse[n * p->lse_stride_n + head * p->lse_stride_h] =
-                    l > 0.0f ? sc->m[vec] * LOG2E + log2f(l) : -INFINITY;
+                    l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
         }
     }
 }
@@ -322,10 +390,12 @@ static int scratch_init(scratch *sc, const job *jb)
     for (size_t i = 0; i < d / 2; i++)
         sc->freq[i] =
             (1.0f / p->rope_scale) * powf(1.0f / p->rope_theta, (float)(2 * i) / (float)d);
+    /* fp8 KV values, or the E4M3 block scales of NVFP4 KV */
+    int e4m3 = p->kv_dtype == FI_DTYPE_E4M3FN || p->kv_dtype == FI_DTYPE_FP4X2;
     for (int i = 0; i < 256; i++)
-        sc->fp8_table[i] = p->kv_dtype == FI_DTYPE_E5M2     ? fi_e5m2_to_f32((uint8_t)i)
-                           : p->kv_dtype == FI_DTYPE_E4M3FN ? fi_e4m3fn_to_f32((uint8_t)i)
-                                                            : 0.0f;
+        sc->fp8_table[i] = p->kv_dtype == FI_DTYPE_E5M2 ? fi_e5m2_to_f32((uint8_t)i)
+                           : e4m3                       ? fi_e4m3fn_to_f32((uint8_t)i)
+                                                        : 0.0f;
     return 0;
 }
 
