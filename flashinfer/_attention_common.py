@@ -97,30 +97,18 @@ def _index_tensor(name, value):
 
 def _split_paged_kv_cache(paged_kv_cache, kv_layout):
     """(k_cache, v_cache) views from one [num_pages, 2, ...] tensor or a tuple."""
-    if isinstance(paged_kv_cache, torch.Tensor):
-        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
-            raise ValueError(
-                f"paged_kv_cache: shape {tuple(paged_kv_cache.shape)} is not supported; "
-                f"accepted: [num_pages, 2, ...] with 5 dimensions ({kv_layout}) or a "
-                "(k_cache, v_cache) tuple"
-            )
-        return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
-    if not isinstance(paged_kv_cache, (tuple, list)):
-        raise TypeError(
-            f"paged_kv_cache: {type(paged_kv_cache).__name__} is not supported; accepted: a "
-            "tensor [num_pages, 2, ...] or a (k_cache, v_cache) tuple"
-        )
-    if len(paged_kv_cache) != 2:
+    if isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.dim() != 5:
         raise ValueError(
-            f"paged_kv_cache: {len(paged_kv_cache)} items; accepted: a (k_cache, v_cache) pair"
+            f"paged_kv_cache: shape {tuple(paged_kv_cache.shape)} is not supported; "
+            f"accepted: [num_pages, 2, ...] with 5 dimensions ({kv_layout}) or a "
+            "(k_cache, v_cache) tuple"
         )
-    k_cache, v_cache = paged_kv_cache
-    accepted = "accepted: a 4-dimensional tensor"
+    k_cache, v_cache = _split_pair(paged_kv_cache, kv_layout, "paged_kv_cache")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"paged_kv_cache: {name} is {type(t).__name__}; {accepted}")
         if t.dim() != 4:
-            raise ValueError(f"paged_kv_cache: {name} is {tuple(t.shape)}; {accepted}")
+            raise ValueError(
+                f"paged_kv_cache: {name} is {tuple(t.shape)}; accepted: a 4-dimensional tensor"
+            )
     return k_cache, v_cache
 
 
@@ -495,18 +483,19 @@ def _split_pair(value, kv_layout, what):
         if value.dim() < 2 or value.shape[1] != 2:
             raise ValueError(
                 f"{what}: shape {tuple(value.shape)} is not supported; accepted: "
-                f"[num_pages, 2, ...] ({kv_layout}) or a (k, v) pair"
+                f"[num_pages, 2, ...] ({kv_layout}) or a (k_cache, v_cache) tuple"
             )
         return value[:, 0], value[:, 1]
     if not isinstance(value, (tuple, list)):
         raise TypeError(
             f"{what}: {type(value).__name__} is not supported; accepted: a tensor "
-            "[num_pages, 2, ...] or a (k, v) pair"
+            "[num_pages, 2, ...] or a (k_cache, v_cache) tuple"
         )
     if len(value) != 2:
-        raise ValueError(f"{what}: {len(value)} items; accepted: a (k, v) pair")
+        raise ValueError(f"{what}: {len(value)} items; accepted: a (k_cache, v_cache) pair")
     for t in value:
-        _expect_tensor(what, t)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: an item is {type(t).__name__}; accepted: tensors")
     return value[0], value[1]
 
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from attention_reference import attention as reference
+from test_attention_parity import nvfp4_tensor
 
 import flashinfer
 from flashinfer import _kernels
@@ -273,19 +274,11 @@ def test_capture_without_host_index_copies_is_refused_with_a_message():
             _kernels.attention(q, k, k, out, None, indptr_q, indptr_kv)
 
 
-def _nvfp4(shape, seed):
-    """Random packed NVFP4 bytes [..., d/2] and E4M3 scales [..., d/16]."""
-    g = torch.Generator().manual_seed(seed)
-    packed = torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=g, dtype=torch.uint8)
-    scales = (torch.rand(*shape[:-1], shape[-1] // 16, generator=g) + 0.1).to(torch.float8_e4m3fn)
-    return packed, scales
-
-
 @pytest.mark.parametrize("fixed_split_size", [None, 1, -1])
 def test_decode_sinks_nvfp4_kv_and_split_hints_match_cpu(fixed_split_size):
     torch.manual_seed(3)
     page_size, pages, hq, hkv, d = 16, 300, 8, 2, 128
-    kv, sf = _nvfp4((pages, 2, page_size, hkv, d), 4)
+    kv, sf, _ = nvfp4_tensor((pages, 2, page_size, hkv, d), 4)
     indptr = torch.tensor([0, 250, 300], dtype=torch.int32)
     indices = torch.randperm(pages).to(torch.int32)
     last = torch.tensor([5, 16], dtype=torch.int32)
