@@ -147,22 +147,28 @@ typedef struct {
 
 FI_INLINE kv_operand k_operand(const fi_attention_params *p)
 {
-    return (kv_operand){
-        p->k,    p->kv_indptr,        p->k_stride_page, p->k_stride_n,   p->k_stride_h,
-        p->k_sf, p->k_sf_stride_page, p->k_sf_stride_n, p->k_sf_stride_h};
+    return (kv_operand){.base = p->k,
+                        .indptr = p->kv_indptr,
+                        .stride_page = p->k_stride_page,
+                        .stride_n = p->k_stride_n,
+                        .stride_h = p->k_stride_h,
+                        .sf = p->k_sf,
+                        .sf_stride_page = p->k_sf_stride_page,
+                        .sf_stride_n = p->k_sf_stride_n,
+                        .sf_stride_h = p->k_sf_stride_h};
 }
 
 FI_INLINE kv_operand v_operand(const fi_attention_params *p)
 {
-    return (kv_operand){p->v,
-                        p->v_indptr ? p->v_indptr : p->kv_indptr,
-                        p->v_stride_page,
-                        p->v_stride_n,
-                        p->v_stride_h,
-                        p->v_sf,
-                        p->v_sf_stride_page,
-                        p->v_sf_stride_n,
-                        p->v_sf_stride_h};
+    return (kv_operand){.base = p->v,
+                        .indptr = p->v_indptr ? p->v_indptr : p->kv_indptr,
+                        .stride_page = p->v_stride_page,
+                        .stride_n = p->v_stride_n,
+                        .stride_h = p->v_stride_h,
+                        .sf = p->v_sf,
+                        .sf_stride_page = p->v_sf_stride_page,
+                        .sf_stride_n = p->v_sf_stride_n,
+                        .sf_stride_h = p->v_sf_stride_h};
 }
 
 /* Per-block dequantization of one NVFP4 row: 16 E2M1 codes share one E4M3 scale. */
