@@ -274,9 +274,7 @@ static int check_mask(attention_args *a, fi_attention_params *p)
     const int32_t *mi = a->mask_indptr.t.data;
     for (int64_t b = 0; b < p->num_requests; b++) {
         int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
-        int64_t kv_len = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
-        if (p->paged)
-            kv_len = kv_len == 0 ? 0 : (kv_len - 1) * p->page_size + p->kv_last_page_len[b];
+        int64_t kv_len = kv_len_of(p, b);
         int64_t need = (qo_len * kv_len + 7) / 8;
         if (need > (int64_t)a->mask.t.shape[0] - mi[b]) {
             PyErr_Format(PyExc_ValueError,
@@ -523,9 +521,7 @@ static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
     p.total_qo_rows = a->q.t.shape[0];
     for (int64_t b = 0; b < p.num_requests; b++) {
         int64_t qo_len = (int64_t)p.qo_indptr[b + 1] - p.qo_indptr[b];
-        int64_t kv_len = (int64_t)p.kv_indptr[b + 1] - p.kv_indptr[b];
-        if (p.paged)
-            kv_len = kv_len == 0 ? 0 : (kv_len - 1) * p.page_size + p.kv_last_page_len[b];
+        int64_t kv_len = kv_len_of(&p, b);
         if (qo_len > p.max_qo_len)
             p.max_qo_len = qo_len;
         if (kv_len > p.max_kv_len)
