@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from . import _C, replay
+from . import _C, distributed, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -250,6 +250,7 @@ def install(namespace, flashinfer_version, attach_trace=None):
             "python": platform.python_version(),
             "flashinfer": flashinfer_version,
         }
+        logger.static_meta["record_extras"] = distributed.record_extras
         sys.stderr.write(_dump_banner_text(logger))
         sys.stderr.flush()
         _install_graph_replay_hook(namespace["__name__"])
