@@ -10,4 +10,3 @@ the ``flashinfer-native`` distribution installs. See ``flashinfer_native.hook``.
 from .hook import activate
 
 ACTIVE = activate()
-

@@ -26,7 +26,7 @@ def decorator_name(node):
 
 
 def scan(tree):
-    """(qualname, decorator, staticmethod?) of decorated defs at module or class level."""
+    """(qualname, decorator) of decorated defs at module or class level."""
     found = []
 
     def visit(body, prefix):
@@ -34,10 +34,9 @@ def scan(tree):
             if isinstance(node, ast.ClassDef):
                 visit(node.body, prefix + node.name + ".")
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                names = [decorator_name(d) for d in node.decorator_list]
-                for name in names:
-                    if name in DECORATORS:
-                        found.append((prefix + node.name, name, "staticmethod" in names))
+                for d in node.decorator_list:
+                    if decorator_name(d) in DECORATORS:
+                        found.append((prefix + node.name, decorator_name(d)))
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body + node.orelse + getattr(node, "finalbody", []), prefix)
 
@@ -92,7 +91,7 @@ for dirpath, _, files in os.walk(ROOT):
         except Exception as exc:  # optional dependencies (triton, quack) are absent here
             failed.append(f"{name}: {type(exc).__name__}")
             continue
-        for qualname, decorator, static in decorated:
+        for qualname, decorator in decorated:
             scanned.append(decorator)
             owner, _, attr = qualname.rpartition(".")
             holder = module

@@ -125,11 +125,15 @@ def dump_tree(cwd):
 
 def test_level_10_dump_tree_has_flashinfers_shape(sessions):
     ours, theirs = dump_tree(sessions[10, True]), dump_tree(sessions[10, False])
-    assert sorted(ours) == sorted(theirs) == [
-        "BatchMLAPagedAttentionWrapper.__init___call0001",
-        "rmsnorm_call0001",
-        "shuffle_matrix_a_call0001",
-    ]
+    assert (
+        sorted(ours)
+        == sorted(theirs)
+        == [
+            "BatchMLAPagedAttentionWrapper.__init___call0001",
+            "rmsnorm_call0001",
+            "shuffle_matrix_a_call0001",
+        ]
+    )
     assert {k: v[0] for k, v in ours.items()} == {k: v[0] for k, v in theirs.items()}
     assert sorted(os.listdir(os.path.join(sessions[10, True], "dumps")))[-1] == "session.jsonl"
 
