@@ -150,6 +150,7 @@ def requirement(runs_on):
         return True
 
     checker.is_compute_capability_supported = runs_on
+    checker.needs_arguments = False
     return checker
 
 
@@ -184,6 +185,7 @@ def preferring(order):
     def heuristic(suitable, **kwargs):
         return sorted(suitable, key=lambda b: order.index(b) if b in order else len(order))
 
+    heuristic.needs_arguments = False
     return heuristic
 
 
@@ -196,6 +198,43 @@ def _capability_of(args, kwargs):
             major, minor = torch.cuda.get_device_capability(value.device)
             return major * 10 + minor
     return None
+
+
+class _CallArguments:
+    """A call's arguments by name with defaults applied, as FlashInfer's checkers take them.
+
+    Binding costs more than the rest of a check, so it happens once, and only for checkers
+    that read the arguments (``requirement()`` checkers and ``preferring()`` heuristics
+    set ``needs_arguments = False``)."""
+
+    def __init__(self, sig, args, kwargs):
+        self.sig, self.args, self.kwargs, self.bound = sig, args, kwargs, None
+
+    def apply(self, f, *first):
+        """f(*first, **arguments)."""
+        if not getattr(f, "needs_arguments", True):
+            return f(*first)
+        if self.bound is None:
+            bound = self.sig.bind(*self.args, **self.kwargs)
+            bound.apply_defaults()
+            self.bound = dict(bound.arguments)
+        return f(*first, **self.bound)
+
+
+def _backend_lookup(sig):
+    """(args, kwargs) -> the call's backend argument (its default when not given), or None
+    for an API without one; without binding the whole signature."""
+    if "backend" not in sig.parameters:
+        return lambda args, kwargs: None
+    position = list(sig.parameters).index("backend")
+    default = sig.parameters["backend"].default
+
+    def backend_of(args, kwargs):
+        if "backend" in kwargs:
+            return kwargs["backend"]
+        return args[position] if len(args) > position else default
+
+    return backend_of
 
 
 def backend_requirement(backend_checks, common_check=None, heuristic_func=None):
@@ -223,6 +262,7 @@ def backend_requirement(backend_checks, common_check=None, heuristic_func=None):
 
     def decorator(func):
         sig = inspect.signature(func)
+        backend_of = _backend_lookup(sig)
         name = func.__name__
 
         def has_backend_choices():
@@ -254,38 +294,36 @@ def backend_requirement(backend_checks, common_check=None, heuristic_func=None):
                 for c in checkers
             )
 
-        def problem_supported(backend, bound):
-            if common_check is not None and not common_check(**bound):
+        def problem_supported(backend, call):
+            if common_check is not None and not call.apply(common_check):
                 return False
-            return not backend_checks or backend_checks[backend](**bound)
+            return not backend_checks or call.apply(backend_checks[backend])
 
-        def suitable_auto_backends(cc, bound):
+        def suitable_auto_backends(cc, call):
             # updated in place: @flashinfer_api's copy of __dict__ shares this list
             found = wrapper.suitable_auto_backends
             found.clear()
-            if common_check is not None and not common_check(**bound):
+            if common_check is not None and not call.apply(common_check):
                 return False
             suitable = []
             for backend, checker in backend_checks.items():
                 try:
-                    if checker.is_compute_capability_supported(cc) and checker(**bound):
+                    if checker.is_compute_capability_supported(cc) and call.apply(checker):
                         suitable.append(backend)
                 except ValueError:
                     continue
-            found.extend(heuristic_func(suitable, **bound) if heuristic_func else suitable)
+            found.extend(call.apply(heuristic_func, suitable) if heuristic_func else suitable)
             return bool(found)
 
         def check(args, kwargs):
-            bound = sig.bind(*args, **kwargs)
-            bound.apply_defaults()
-            bound = dict(bound.arguments)
+            call = _CallArguments(sig, args, kwargs)
             cc = _capability_of(args, kwargs)
-            backend = bound.get("backend")
+            backend = backend_of(args, kwargs)
             if not backend_checks:
                 if not is_compute_capability_supported(cc):
                     raise BackendSupportedError(f"{name} does not support compute capability {cc}")
             elif backend == "auto" and heuristic_func is not None:
-                if not suitable_auto_backends(cc, bound):
+                if not suitable_auto_backends(cc, call):
                     where = "CPU tensors" if cc is None else f"compute capability {cc}"
                     raise BackendSupportedError(
                         f"No suitable auto backends found for {name} on {where}"
@@ -302,7 +340,7 @@ def backend_requirement(backend_checks, common_check=None, heuristic_func=None):
                     f"{name} does not support backend '{backend}' with capability {cc}; "
                     f"backends that run there in this build: {here or 'none'}"
                 )
-            if not problem_supported(backend, bound):
+            if not problem_supported(backend, call):
                 raise ValueError(f"Problem size is not supported for {name}")
 
         @functools.wraps(func)
@@ -310,9 +348,9 @@ def backend_requirement(backend_checks, common_check=None, heuristic_func=None):
             if not skip_check:
                 check(args, kwargs)
             elif heuristic_func is not None and kwargs.get("backend") == "auto":
-                bound = sig.bind(*args, **kwargs)
-                bound.apply_defaults()
-                suitable_auto_backends(_capability_of(args, kwargs), dict(bound.arguments))
+                suitable_auto_backends(
+                    _capability_of(args, kwargs), _CallArguments(sig, args, kwargs)
+                )
             return func(*args, **kwargs)
 
         wrapper.is_backend_supported = is_backend_supported
