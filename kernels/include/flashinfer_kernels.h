@@ -122,7 +122,8 @@ typedef enum {
     FI_SF_LAYOUT_LINEAR = 2 /* [rows, cols] row-major */
 } fi_sf_layout;
 
-/* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included). */
+/* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included);
+ * fi_sf_offset (fi_numeric.h, host and device) places each scale in it. */
 static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layout)
 {
     int64_t cp = (cols + 3) / 4 * 4;
@@ -131,17 +132,6 @@ static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layou
     if (layout == FI_SF_LAYOUT_8X4)
         return (rows + 7) / 8 * 8 * cp;
     return rows * cols;
-}
-
-/* Byte offset of the scale of (row r, block c) in a matrix with cols blocks per row. */
-static inline int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_layout layout)
-{
-    int64_t ktiles = (cols + 3) / 4;
-    if (layout == FI_SF_LAYOUT_128X4)
-        return ((r / 128) * ktiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
-    if (layout == FI_SF_LAYOUT_8X4)
-        return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
-    return r * cols + c;
 }
 
 /* NVFP4 (sf_vec_size 16, E4M3 scales) or MXFP4 (sf_vec_size 32, UE8M0 scales) quantization
