@@ -11,7 +11,8 @@
 #include "sink.h"
 
 typedef struct {
-    PyObject_HEAD fi_config cfg;
+    PyObject_HEAD
+    fi_config cfg;
     fi_sink sink;
     time_t ts_second; /* the second ts_text describes */
     char ts_text[32]; /* "[YYYY-MM-DD HH:MM:SS]" */

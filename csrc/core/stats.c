@@ -202,7 +202,8 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
     int64_t numel = fi_tensor_numel(t);
     int rc;
     if (numel > 0 && numel >= STATS_NOGIL_BYTES / (int64_t)fi_dtype_size(t->dtype)) {
-        Py_BEGIN_ALLOW_THREADS rc = fi_stats_cpu(t, out);
+        Py_BEGIN_ALLOW_THREADS
+        rc = fi_stats_cpu(t, out);
         Py_END_ALLOW_THREADS
     } else {
         rc = fi_stats_cpu(t, out);
@@ -264,9 +265,10 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
         return 0;
     double r[5];
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_stats_cuda(t, stream, r);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_stats_cuda(t, stream, r);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "%s", fi_cuda_last_error());
         return -1;
     }

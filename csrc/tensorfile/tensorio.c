@@ -191,8 +191,10 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
     }
     uint64_t written = 0;
     int err;
-    Py_BEGIN_ALLOW_THREADS err = write_file(path, format, ts, n, &header, &written);
-    Py_END_ALLOW_THREADS fi_buf_free(&header);
+    Py_BEGIN_ALLOW_THREADS
+    err = write_file(path, format, ts, n, &header, &written);
+    Py_END_ALLOW_THREADS
+    fi_buf_free(&header);
     free_saved(ts, n);
     if (err) {
         errno = err;
