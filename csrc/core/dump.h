@@ -1,5 +1,5 @@
 /* dump.h: the level-10 flight recorder (SPEC 4): dump directories, tensor files,
- * metadata.jsonl / session.jsonl records, caps and filters. */
+ * metadata.jsonl / session.jsonl records, caps, and calls held during CUDA graph capture. */
 #ifndef FI_DUMP_H
 #define FI_DUMP_H
 
