@@ -23,7 +23,7 @@ FI_PY := $(FI_VENV)/bin/python
 FI_PIP := $(FI_PY) -m pip --disable-pip-version-check -q
 FI_VERSION := 0.7.2.post1
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
-	csrc/core/*.[ch] csrc/tensorfile/*.[ch])
+	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test clean
 
