@@ -1,5 +1,5 @@
-/* dump_encode.c: a call's arguments and result as the SPEC 4.3 metadata of a dump record,
- * their tensors collected for the tensor files; the mirror of flashinfer/replay.py's _decode. */
+/* dump_encode.c: a call's arguments and result as SPEC 4.3 dump metadata, their tensors
+ * collected for the tensor files; the mirror of _decode in flashinfer_native/replay.py. */
 #include "dump_encode.h"
 
 #include <string.h>
