@@ -166,10 +166,10 @@ const int32_t *fi_arg_int32_on_host(const fi_arg *a, void *stream, int32_t **cop
     if (!host)
         return (const int32_t *)PyErr_NoMemory();
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        fi_cuda_copy_to_host(host, a->t.data, count * sizeof(int32_t), a->t.device_index, stream);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_cuda_copy_to_host(host, a->t.data, count * sizeof(int32_t), a->t.device_index, stream);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         PyMem_Free(host);
         PyErr_Format(PyExc_RuntimeError, "reading %s: %s", a->name, fi_cuda_last_error());
         return NULL;

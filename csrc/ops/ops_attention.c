@@ -535,9 +535,10 @@ static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
     p.v_indptr = device_data[5];
     p.o_indptr = device_data[6];
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cuda(&p, stream);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cuda(&p, stream);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
         goto done;
     }
@@ -677,8 +678,11 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     int num_threads = s.num_threads < 1 ? 1 : s.num_threads;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cpu(&p, num_threads);
-    Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cpu(&p, num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
