@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from . import _C, replay
+from . import _C, registry, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -129,7 +129,9 @@ def _make_decorator(logger):
         callable
             At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
             otherwise behaves like ``func`` (same result, same exceptions, same name,
-            docstring, ``__wrapped__`` and signature; binds as a method).
+            docstring, ``__wrapped__`` and signature; binds as a method). At every
+            level the result is registered as a replayable API
+            (``flashinfer_native.registry``): replay calls nothing else.
 
         Raises
         ------
@@ -139,14 +141,13 @@ def _make_decorator(logger):
         if func is None:
             return functools.partial(flashinfer_api, trace=trace)
         if isinstance(func, (staticmethod, classmethod)):
-            if level == 0:
-                return func
-            return type(func)(flashinfer_api(func.__func__))
+            inner = flashinfer_api(func.__func__)
+            return func if level == 0 else type(func)(inner)
         if not callable(func):
             raise TypeError(f"flashinfer_api expects a callable, got {type(func).__name__}")
-        if level == 0:
-            return func
-        return wrap(func)
+        decorated = func if level == 0 else wrap(func)
+        registry.register(func, decorated)  # replay calls only registered APIs (SPEC 5.1a)
+        return decorated
 
     return flashinfer_api
 

@@ -14,7 +14,7 @@ from collections import Counter
 import click
 import torch
 
-from . import __version__, dumpdir
+from . import __version__, dumpdir, registry
 from . import replay as _replay
 
 _MARKS = {
@@ -49,6 +49,15 @@ def _device_option(ctx, param, value):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter(f"{value!r}: CUDA is not available on this machine")
     return device
+
+
+def _allow_module_option(ctx, param, value):
+    """The patterns, once their modules imported: a typo is a usage error, not N refusals."""
+    try:
+        registry.import_allowed(value)
+    except (ImportError, TypeError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    return list(value)
 
 
 def _first_line(text):
@@ -119,12 +128,26 @@ def _report_entry(index, result, status):
     default=None,
     help="Write a machine-readable report to this file.",
 )
+@click.option(
+    "--allow-module",
+    "allow_modules",
+    metavar="PATTERN",
+    multiple=True,
+    callback=_allow_module_option,
+    help="Also replay @flashinfer_api functions of modules matching PATTERN (fnmatch; "
+    "a name includes its submodules; imported before replaying). Repeatable. Only "
+    "flashinfer is allowed by default: dumps are untrusted input.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
-def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
+def replay(dump_dir, device, include, exclude, rtol, atol, json_path, allow_modules, verbose):
     """Replay recorded API calls and compare them with their recorded outputs.
 
-    Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
-    incomplete (or none was found), 2 for bad arguments or a missing directory.
+    Only registered @flashinfer_api functions and classes of allowed modules are
+    called (flashinfer, plus --allow-module); a dump naming anything else is refused.
+
+    Exit status: 0 when every call passed, 1 when any call failed, mismatched, was
+    refused or incomplete (or none was found), 2 for bad arguments or a missing
+    directory.
     """
     tty = _stdout_is_terminal()
     device = _replay._resolve_device(device)
@@ -139,13 +162,13 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
     else:
         click.echo(f"Replaying session from {dump_dir}...")
         entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
-    registry = {}
+    objects = {}
     counts = Counter()
     report = []
     for index, (path, records) in enumerate(entries, 1):
         if tty:
             click.echo(f"  replaying {index}/{len(entries)} {os.path.basename(path)}...", nl=False)
-        result = _replay.replay_entry(path, records, registry, device, rtol, atol)
+        result = _replay.replay_entry(path, records, objects, device, rtol, atol, allow_modules)
         if tty:
             click.echo("\r\x1b[K", nl=False)
         status = _replay.classify(result)
@@ -208,8 +231,14 @@ def _write_json(path, data):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def dumps(dump_dir, as_json):
-    """Summarise a recorded session: calls per API, completed, exception and crashed calls."""
-    s = dumpdir.summarize_session(dump_dir)
+    """Summarise a recorded session: calls per API, completed, exception and crashed calls.
+
+    Exit status 1 when the session cannot be read (a one-line error says why).
+    """
+    try:
+        s = dumpdir.summarize_session(dump_dir)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
@@ -221,6 +250,13 @@ def dumps(dump_dir, as_json):
     click.echo(f"Tensor bytes recorded: {s['recorded_bytes']}, on disk: {s['disk_bytes']}")
     if s["unreadable_records"]:
         click.echo(f"Unreadable records skipped: {s['unreadable_records']}")
+    if s["oversized_lines"]:
+        lines = ", ".join(map(str, s["oversized_lines"][:5]))
+        more = ", ..." if len(s["oversized_lines"]) > 5 else ""
+        click.echo(
+            f"Lines longer than {dumpdir.size_text(dumpdir.MAX_LINE_BYTES)} skipped unread: "
+            f"{len(s['oversized_lines'])} (line {lines}{more})"
+        )
     click.echo("Calls per API:")
     for api, n in s["per_api"].items():
         click.echo(f"  {api}: {n}")
