@@ -487,7 +487,9 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
 
 PyObject *fi_load_tensor_dict(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking: opening a FIFO for reading would otherwise wait for a writer
+     * forever; fstat below refuses anything but a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
     struct stat st;
