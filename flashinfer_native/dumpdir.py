@@ -133,7 +133,9 @@ def parse_record(line):
     """One JSONL line as a dict nested at most :data:`MAX_DEPTH` deep; ValueError
     describing the problem otherwise."""
     try:
-        record = json.loads(line)
+        # Records are UTF-8: decoding here keeps json from guessing UTF-16/32 from the
+        # bytes (and importing a codec on a dump's say-so).
+        record = json.loads(line.decode("utf-8"))
     except RecursionError:
         record = None
     except (ValueError, UnicodeDecodeError) as exc:
