@@ -57,33 +57,32 @@ def deep_json(levels):
 # ---------------------------------------------------------------------------- FIFOs
 
 
-def test_load_tensors_on_a_fifo_refuses_instead_of_hanging(tmp_path):
-    fifo = tmp_path / "inputs.pt"
-    os.mkfifo(fifo)
+def read_in_child(function, path):
+    """What ``dumpdir.function(path)`` raises, from a child process (a hang is killed)."""
     proc = run_python(
         f"""
-        from flashinfer_native.dumpdir import load_tensors
+        from flashinfer_native import dumpdir
         try:
-            load_tensors({str(fifo)!r})
+            dumpdir.{function}({str(path)!r})
         except ValueError as exc:
             print(exc)
         """
     )
-    assert proc.stdout == f"{fifo}: not a tensor file (not a regular file)\n", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_load_tensors_on_a_fifo_refuses_instead_of_hanging(tmp_path):
+    fifo = tmp_path / "inputs.pt"
+    os.mkfifo(fifo)
+    message = read_in_child("load_tensors", fifo)
+    assert message == f"{fifo}: not a tensor file (not a regular file)\n"
 
 
 def test_read_metadata_on_a_fifo_refuses_instead_of_hanging(tmp_path):
     os.mkfifo(tmp_path / "metadata.jsonl")
-    proc = run_python(
-        f"""
-        from flashinfer_native.dumpdir import read_metadata
-        try:
-            read_metadata({str(tmp_path)!r})
-        except ValueError as exc:
-            print(exc)
-        """
-    )
-    assert proc.stdout == f"{tmp_path}/metadata.jsonl: not a regular file (a FIFO)\n", proc.stderr
+    message = read_in_child("read_metadata", tmp_path)
+    assert message == f"{tmp_path}/metadata.jsonl: not a regular file (a FIFO)\n"
 
 
 def test_dumps_on_a_fifo_session_file_is_a_one_line_error(tmp_path):

@@ -133,6 +133,11 @@ def enum_dump(tmp_path, marker, attack):
     return write_dump(tmp_path / "dumps", "replay_helpers", "reduce_rows", metadata)
 
 
+def assert_nothing_ran(marker):
+    assert not marker.exists(), "the attack ran"
+    assert MARKER_MODULE not in sys.modules, "the module a dump named was imported"
+
+
 def cli_replay(dump_dir, *extra):
     return CliRunner().invoke(cli, ["replay", "--dir", dump_dir, "--device", "cpu", *extra])
 
@@ -153,7 +158,7 @@ def test_loading_a_dump_naming_a_function_runs_nothing(tmp_path, marker, attack)
     dump = function_dump(tmp_path, marker, attack)
     result = replay_from_dump(dump, device="cpu", allow_modules=["replay_helpers"])
     assert result["metadata"]["function_name"] == FUNCTION_ATTACKS[attack](marker)[1]
-    assert not marker.exists() and MARKER_MODULE not in sys.modules
+    assert_nothing_ran(marker)
 
 
 @pytest.mark.parametrize("attack", sorted(FUNCTION_ATTACKS))
@@ -161,15 +166,19 @@ def test_running_a_dump_naming_an_unregistered_function_is_refused(tmp_path, mar
     dump = function_dump(tmp_path, marker, attack)
     with pytest.raises(ReplayRefused, match=r"metadata\.jsonl: .*(allow|registered)"):
         replay_from_dump(dump, device="cpu", run=True, allow_modules=["replay_helpers"])
-    assert not marker.exists() and MARKER_MODULE not in sys.modules
+    assert_nothing_ran(marker)
 
 
-@pytest.mark.parametrize("attack", sorted(FUNCTION_ATTACKS))
-def test_cli_replay_of_an_unregistered_function_is_refused_on_one_line(tmp_path, marker, attack):
-    dump = function_dump(tmp_path, marker, attack)
+@pytest.mark.parametrize(
+    "kind, attack",
+    [("function", a) for a in sorted(FUNCTION_ATTACKS)]
+    + [("enum", a) for a in sorted(ENUM_ATTACKS)],
+)
+def test_cli_replay_of_a_hostile_dump_is_refused_on_one_line(tmp_path, marker, kind, attack):
+    dump = (function_dump if kind == "function" else enum_dump)(tmp_path, marker, attack)
     result = cli_replay(dump, "--allow-module", "replay_helpers")
     assert_one_refusal_line(result, dump)
-    assert not marker.exists() and MARKER_MODULE not in sys.modules
+    assert_nothing_ran(marker)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +189,7 @@ def test_allowing_the_module_still_refuses_what_is_not_registered(tmp_path, mark
     trusted = ["os", "posix", "builtins", "subprocess", "importlib", "replay_helpers"]
     with pytest.raises(ReplayRefused, match="is not a registered @flashinfer_api"):
         replay_from_dump(dump, device="cpu", run=True, allow_modules=trusted)
-    assert not marker.exists()
+    assert_nothing_ran(marker)
 
 
 def test_unregistered_method_refused_on_an_object_replay_built(tmp_path, marker):
@@ -229,15 +238,7 @@ def test_enum_naming_anything_but_an_allowed_enum_is_refused(tmp_path, marker, a
     dump = enum_dump(tmp_path, marker, attack)
     with pytest.raises(ReplayRefused, match=r"metadata\.jsonl: arg_0: enum class "):
         replay_from_dump(dump, device="cpu", run=run, allow_modules=["replay_helpers"])
-    assert not marker.exists() and MARKER_MODULE not in sys.modules
-
-
-@pytest.mark.parametrize("attack", sorted(ENUM_ATTACKS))
-def test_cli_replay_of_a_hostile_enum_is_refused_on_one_line(tmp_path, marker, attack):
-    dump = enum_dump(tmp_path, marker, attack)
-    result = cli_replay(dump, "--allow-module", "replay_helpers")
-    assert_one_refusal_line(result, dump)
-    assert not marker.exists() and MARKER_MODULE not in sys.modules
+    assert_nothing_ran(marker)
 
 
 def test_enum_of_an_unallowed_module_message_names_field_and_how_to_allow(tmp_path, marker):
@@ -253,39 +254,27 @@ def test_enum_of_an_unallowed_module_message_names_field_and_how_to_allow(tmp_pa
     )
 
 
+def decoded_enum(tmp_path, encoded, allow_modules=None):
+    """The argument replay_from_dump(run=False) rebuilds from one encoded enum."""
+    dump = write_dump(tmp_path / "dumps", "replay_helpers", "reduce_rows", {"arg_0": encoded})
+    return replay_from_dump(dump, device="cpu", allow_modules=allow_modules)["args"][0]
+
+
 def test_allowed_enum_is_rebuilt_by_name(tmp_path):
-    dump = write_dump(
-        tmp_path / "dumps",
-        "replay_helpers",
-        "reduce_rows",
-        {"arg_1": enum_of("replay_helpers.Reduction", "max") | {"name": "Reduction.MAX"}},
-    )
-    args = replay_from_dump(dump, device="cpu", allow_modules=["replay_helpers"])["args"]
-    assert args[1] is h.Reduction.MAX
+    encoded = enum_of("replay_helpers.Reduction", "max") | {"name": "Reduction.MAX"}
+    assert decoded_enum(tmp_path, encoded, ["replay_helpers"]) is h.Reduction.MAX
 
 
 def test_allowed_enum_is_rebuilt_by_value_when_the_name_is_unknown(tmp_path):
-    dump = write_dump(
-        tmp_path / "dumps",
-        "replay_helpers",
-        "reduce_rows",
-        {"arg_1": enum_of("replay_helpers.Reduction", "sum")},
-    )
-    args = replay_from_dump(dump, device="cpu", allow_modules=["replay_helpers"])["args"]
-    assert args[1] is h.Reduction.SUM
+    encoded = enum_of("replay_helpers.Reduction", "sum")
+    assert decoded_enum(tmp_path, encoded, ["replay_helpers"]) is h.Reduction.SUM
 
 
 def test_flashinfer_enums_need_no_allowing(tmp_path):
     import flashinfer
 
-    dump = write_dump(
-        tmp_path / "dumps",
-        "flashinfer.fp4_quantization",
-        "nvfp4_quantize",
-        {"kwarg_sfLayout": enum_of("flashinfer.fp4_quantization.SfLayout", 1)},
-    )
-    kwargs = replay_from_dump(dump, device="cpu")["kwargs"]
-    assert kwargs["sfLayout"] is flashinfer.SfLayout.layout_8x4
+    encoded = enum_of("flashinfer.fp4_quantization.SfLayout", 1)
+    assert decoded_enum(tmp_path, encoded) is flashinfer.SfLayout.layout_8x4
 
 
 # ------------------------------------------------------------------ the real command

@@ -428,20 +428,3 @@ int fi_ptzip_describe(const char *path, const uint8_t *data, size_t size, fi_loa
     PyMem_Free(es);
     return r;
 }
-
-PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, size_t size)
-{
-    fi_loaded_tensor *ts;
-    size_t nt;
-    if (fi_ptzip_describe(path, data, size, &ts, &nt) < 0)
-        return NULL;
-    PyObject *result = PyDict_New();
-    for (size_t k = 0; result && k < nt; k++) {
-        PyObject *t = fi_tensor_from_mapping(mm, data, path, &ts[k]);
-        if (!t || PyDict_SetItem(result, ts[k].key, t) < 0)
-            Py_CLEAR(result);
-        Py_XDECREF(t);
-    }
-    fi_loaded_tensors_free(ts, nt);
-    return result;
-}

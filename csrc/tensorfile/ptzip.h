@@ -20,7 +20,4 @@ int fi_ptzip_sniff(const uint8_t *data, size_t size);
 int fi_ptzip_describe(const char *path, const uint8_t *data, size_t size, fi_loaded_tensor **out,
                       size_t *count);
 
-/* Parses the archive data[0..size) of path (mapped by mm) into {str: Tensor}. */
-PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, size_t size);
-
 #endif

@@ -21,7 +21,4 @@ int fi_safetensors_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const c
 int fi_safetensors_describe(const char *path, const uint8_t *data, size_t size,
                             fi_loaded_tensor **out, size_t *count);
 
-/* Parses data[0..size) of path (mapped by mm) into {str: Tensor}, strides restored. */
-PyObject *fi_safetensors_read(const char *path, PyObject *mm, const uint8_t *data, size_t size);
-
 #endif

@@ -63,4 +63,21 @@ static void check_descriptions(const uint8_t *data, size_t size, const fi_loaded
     }
 }
 
+/* The body of a target over a reader's describe half (fi_ptzip_describe, ...). */
+typedef int describe_fn(const char *path, const uint8_t *data, size_t size, fi_loaded_tensor **out,
+                        size_t *count);
+
+static int fuzz_describe(const uint8_t *data, size_t size, describe_fn *describe)
+{
+    fi_loaded_tensor *ts;
+    size_t n;
+    if (describe(FUZZ_PATH, data, size, &ts, &n) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    check_descriptions(data, size, ts, n);
+    fi_loaded_tensors_free(ts, n);
+    return 0;
+}
+
 #endif

@@ -5,13 +5,5 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    fi_loaded_tensor *ts;
-    size_t n;
-    if (fi_ptzip_describe(FUZZ_PATH, data, size, &ts, &n) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    check_descriptions(data, size, ts, n);
-    fi_loaded_tensors_free(ts, n);
-    return 0;
+    return fuzz_describe(data, size, fi_ptzip_describe);
 }
