@@ -217,14 +217,18 @@ def _not_registered(module, name, where):
     )
 
 
+def _not_imported(module, name, where):
+    return ReplayRefused(
+        f"{where}: module {module!r} of function_name {name!r} is not imported (replay "
+        f"imports only the modules that allow patterns name); {_allow_hint(module)}"
+    )
+
+
 def _find_class(module, owner_path, name, patterns, where):
     """The class ``owner_path`` of the imported module ``module``, found statically."""
     mod = sys.modules.get(module)
     if mod is None:
-        raise ReplayRefused(
-            f"{where}: module {module!r} of function_name {name!r} is not imported (replay "
-            f"imports only the modules that allow patterns name); {_allow_hint(module)}"
-        )
+        raise _not_imported(module, name, where)
     owner = mod
     for part in owner_path.split("."):
         owner = _static_member(owner, part)
@@ -240,8 +244,11 @@ def _find_class(module, owner_path, name, patterns, where):
     return owner
 
 
-def verified_method(cls, attr, patterns, module, name, where):
-    """The raw class attribute ``cls.attr`` after checking it is a registered API.
+def verified_method(cls, attr, patterns, module, name, where, instance=None):
+    """``cls.attr`` (bound to ``instance`` when given) after checking it is a registered API.
+
+    The attribute is read from the class ``__dict__`` s along the MRO and bound by its own
+    ``__get__``, so an instance attribute or a metaclass cannot substitute another object.
 
     Raises
     ------
@@ -251,7 +258,8 @@ def verified_method(cls, attr, patterns, module, name, where):
     raw, _ = _static_class_attr(cls, attr)
     if raw is None or not _registered_in_chain(raw, patterns):
         raise _not_registered(module, name, where)
-    return raw
+    bind = getattr(type(raw), "__get__", None)
+    return raw if bind is None else bind(raw, instance, cls)
 
 
 def resolve_call(module, name, patterns, where):
@@ -285,6 +293,8 @@ def resolve_call(module, name, patterns, where):
         verified_method(cls, attr, patterns, module, name, where)
         return ("class", cls, attr)
     registered = _registered.get((module, name))
+    if registered is None and module not in sys.modules:
+        raise _not_imported(module, name, where)
     if registered is None:
         raise _not_registered(module, name, where)
     # The module attribute may add decorators over the API (FlashInfer's backend checks):

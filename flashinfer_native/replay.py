@@ -344,7 +344,7 @@ def _prepare_call(record, args, kwargs, objects, patterns, where):
 
         return construct
     if record.get("self_id") is None:
-        function = getattr(cls, attr)
+        function = registry.verified_method(cls, attr, patterns, module_name, name, where)
         return lambda: function(*args, **kwargs)
     if key not in objects:
         raise LookupError(
@@ -353,8 +353,7 @@ def _prepare_call(record, args, kwargs, objects, patterns, where):
         )
     obj = objects[key]
     # The object may be of another class than the one the record names: check its own.
-    registry.verified_method(type(obj), attr, patterns, module_name, name, where)
-    method = getattr(obj, attr)
+    method = registry.verified_method(type(obj), attr, patterns, module_name, name, where, obj)
     return lambda: method(*args[1:], **kwargs)
 
 

@@ -210,6 +210,36 @@ def test_unregistered_method_refused_on_an_object_replay_built(tmp_path, marker)
     assert not marker.exists()
 
 
+def test_instance_attribute_cannot_stand_in_for_a_registered_method(tmp_path, marker):
+    writer = h.DumpWriter(str(tmp_path / "dumps"))
+    wrapper = writer.construct(h.SegmentSumWrapper, torch.zeros(4, dtype=torch.int8))
+    writer.method(wrapper, "plan", torch.tensor([0, 2]), 1.0)
+    planned = h.SegmentSumWrapper(torch.zeros(4, dtype=torch.int8))
+    planned.plan = lambda *args: marker.touch()
+    objects = {(os.getpid(), id(wrapper)): planned}
+    replay_from_dump(
+        writer.dirs[1],
+        device="cpu",
+        run=True,
+        object_registry=objects,
+        allow_modules=["replay_helpers"],
+    )
+    assert planned.indptr == [0, 2]
+    assert_nothing_ran(marker)
+
+
+def test_allowed_module_that_is_not_imported_is_refused_not_imported(tmp_path, marker):
+    dump = write_dump(tmp_path / "dumps", MARKER_MODULE, "anything", {})
+    with pytest.raises(
+        ReplayRefused,
+        match=rf"module '{MARKER_MODULE}' of function_name 'anything' is not imported \(replay "
+        rf"imports only the modules that allow patterns name\); to allow it, pass "
+        rf"--allow-module {MARKER_MODULE} ",
+    ):
+        replay_from_dump(dump, device="cpu", run=True, allow_modules=["h10_*"])
+    assert_nothing_ran(marker)
+
+
 def test_replay_helpers_need_allowing(tmp_path):
     writer = h.DumpWriter(str(tmp_path / "dumps"))
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
