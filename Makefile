@@ -9,6 +9,7 @@ DEPS := torch==2.13.0 click pytest safetensors numpy ruff clang-format
 WARN := -Werror
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g
 PYTEST_ARGS ?=
+BUILD_FLAGS ?=
 C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
 	kernels/cuda/*.cu kernels/cuda/*.cuh tests/fuzz/*.c tests/fuzz/*.h)
 
@@ -27,7 +28,7 @@ venv: $(VENV)/.deps
 
 # Rebuild the extension in place (fast; the editable install points here).
 build: venv
-	FLASHINFER_EXTRA_CFLAGS="$(WARN)" $(VPY) setup.py -q build_ext --inplace --build-temp build/release
+	FLASHINFER_EXTRA_CFLAGS="$(WARN)" $(VPY) setup.py -q build_ext --inplace --build-temp build/release $(BUILD_FLAGS)
 
 demo: build
 	$(VPY) examples/demo.py
@@ -49,21 +50,15 @@ format: venv
 	$(VENV)/bin/clang-format -i $(C_SOURCES)
 	$(VENV)/bin/ruff format flashinfer flashinfer_native tests benchmarks examples setup.py
 
-# A sanitizer build goes to its own --build-lib and is newer than every source, so the
-# normal build is restored by removing it from the package folders and building again.
-RESTORE_BUILD = rm -f flashinfer_native/_C*.so flashinfer/_kernels*.so; \
-	$(MAKE) --no-print-directory build >/dev/null
-
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.
 # Python itself is not instrumented, so the runtime is preloaded and leak checks are off.
 asan-test: venv
 	FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS)" FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
-		FLASHINFER_NO_CUDA=1 $(VPY) setup.py -q build_ext --inplace --build-temp build/asan \
-		--build-lib build/asan-lib --force
+		FLASHINFER_NO_CUDA=1 $(VPY) setup.py -q build_ext --inplace --build-temp build/asan --force
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); \
-		status=$$?; $(RESTORE_BUILD); exit $$status
+		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
 
 # Coverage-guided fuzzing, FUZZ_S seconds per target (tests/fuzz/README.md). The C readers
 # (json, pickle, pt, safetensors) are libFuzzer targets built with clang and
@@ -128,8 +123,8 @@ fuzz-run-dumptree: fuzz-tools
 	CC=clang LDSHARED="clang -shared" FLASHINFER_NO_CUDA=1 \
 		FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-missing-field-initializers" \
 		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
-		$(VPY) setup.py -q build_ext --inplace --build-temp $(FUZZ_DIR)/ext --build-lib $(FUZZ_DIR)/lib --force
+		$(VPY) setup.py -q build_ext --inplace --build-temp $(FUZZ_DIR)/ext --force
 	$(call fuzz_run,dumptree,LD_PRELOAD="$$($(VPY) -c 'import atheris; print(atheris.path())')/asan_with_fuzzer.so" \
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) tests/fuzz/fuzz_dumptree.py); \
-		status=$$?; $(RESTORE_BUILD); exit $$status
+		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
