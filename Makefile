@@ -128,3 +128,6 @@ fuzz-run-dumptree: fuzz-tools
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) tests/fuzz/fuzz_dumptree.py); \
 		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
+
+clean:
+	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info
