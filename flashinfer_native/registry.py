@@ -36,7 +36,7 @@ __all__ = [
 
 DEFAULT_ALLOWED = ("flashinfer",)
 _WILDCARDS = frozenset("*?[")
-_MAX_WRAPPED = 16  # how many __wrapped__ links are followed from a module attribute
+_MAX_WRAPPED = 16  # how many __wrapped__ links are followed from a found object
 
 _registered = {}  # (module, qualname) -> the decorated object its module holds
 
