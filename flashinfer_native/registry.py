@@ -20,6 +20,7 @@ its value and how to allow it.
 import enum
 import fnmatch
 import importlib
+import importlib.machinery
 import sys
 
 __all__ = [
@@ -34,7 +35,10 @@ __all__ = [
     "verified_method",
 ]
 
-DEFAULT_ALLOWED = ("flashinfer",)
+# FlashInfer's package name: this repository's mirror, or FlashInfer's own when the
+# native core serves it. Allowed by default.
+PACKAGE = "flashinfer"
+DEFAULT_ALLOWED = (PACKAGE,)
 _WILDCARDS = frozenset("*?[")
 _MAX_WRAPPED = 16  # how many __wrapped__ links are followed from a found object
 
@@ -224,21 +228,63 @@ def _not_imported(module, name, where):
     )
 
 
+def _in_package(module):
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
+
+
+def _module_file_exists(module):
+    """Whether ``module`` (a submodule of an imported package) exists on disk: found by
+    path lookups only, so no package ``__init__`` runs."""
+    parts = module.split(".")
+    parent = sys.modules.get(parts[0])
+    paths = getattr(parent, "__path__", None)
+    for part in parts[1:]:
+        spec = importlib.machinery.PathFinder.find_spec(part, paths) if paths else None
+        if spec is None:
+            return False
+        paths = spec.submodule_search_locations
+    return parent is not None
+
+
+def _missing(module, name, where):
+    """The error for a recorded name that no imported module defines."""
+    if module not in sys.modules and (not _in_package(module) or _module_file_exists(module)):
+        return _not_imported(module, name, where)
+    if not _in_package(module):
+        return _not_registered(module, name, where)
+    top = sys.modules.get(PACKAGE)
+    return LookupError(
+        f"{where}: {module}.{name} is not implemented by the installed {PACKAGE} "
+        f"({getattr(top, '__version__', 'unknown')}, {getattr(top, '__file__', '?')}): "
+        "no implementation of this API on this machine"
+    )
+
+
+def _module_level(module, path):
+    """``module.path`` read from ``__dict__`` s; for a module of FlashInfer's package that
+    lacks it, the package's top-level name (its APIs are also ``flashinfer.NAME``, so a
+    dump of ``flashinfer.gemm.gemm_base.mm_fp4`` replays where only ``flashinfer.gemm``
+    exists). None when neither has it."""
+    for namespace in (module, PACKAGE if _in_package(module) else None):
+        obj = sys.modules.get(namespace) if namespace else None
+        for part in path.split(".") if obj is not None else ():
+            obj = _static_member(obj, part)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    return None
+
+
 def _find_class(module, owner_path, name, patterns, where):
-    """The class ``owner_path`` of the imported module ``module``, found statically."""
-    mod = sys.modules.get(module)
-    if mod is None:
-        raise _not_imported(module, name, where)
-    owner = mod
-    for part in owner_path.split("."):
-        owner = _static_member(owner, part)
-        if owner is None:
-            break
+    """The class ``owner_path`` of ``module`` (or of the package's top level)."""
+    owner = _module_level(module, owner_path)
+    if owner is None:
+        raise _missing(module, name, where)
     if not isinstance(owner, type):
         raise ReplayRefused(
-            f"{where}: function_name {name!r}: module {module!r} has no class "
-            f"{owner_path!r}; replay calls only registered @flashinfer_api methods; "
-            f"{_DECORATE_HINT}"
+            f"{where}: function_name {name!r}: {owner_path!r} of module {module!r} is not a "
+            f"class; replay calls only registered @flashinfer_api methods; {_DECORATE_HINT}"
         )
     _check_module(owner.__module__, patterns, where, field=f"class {owner_path!r} of module")
     return owner
@@ -277,14 +323,17 @@ def resolve_call(module, name, patterns, where):
     Returns
     -------
     tuple
-        ``("function", callable)``: a registered function (or the module attribute that
-        wraps it); ``("class", cls, attr)``: a method ``attr`` of class ``cls`` whose
-        attribute is registered (``attr == "__init__"`` builds an object).
+        ``("function", callable)``: a registered function, or the module attribute that
+        wraps it (decorators over the API, such as FlashInfer's backend checks, run as an
+        import-based replay would run them); ``("class", cls, attr)``: a method ``attr``
+        of class ``cls`` whose attribute is registered (``__init__`` builds an object).
 
     Raises
     ------
     ReplayRefused
-        The module is not allowed, or the name is not a registered API of it.
+        The module is not allowed, or not imported, or the name is not a registered API.
+    LookupError
+        FlashInfer's package (as installed) has no such API at all.
     """
     _check_module(module, patterns, where)
     owner_path, _, attr = name.rpartition(".")
@@ -293,24 +342,24 @@ def resolve_call(module, name, patterns, where):
         verified_method(cls, attr, patterns, module, name, where)
         return ("class", cls, attr)
     registered = _registered.get((module, name))
-    if registered is None and module not in sys.modules:
-        raise _not_imported(module, name, where)
-    if registered is None:
-        raise _not_registered(module, name, where)
-    # The module attribute may add decorators over the API (FlashInfer's backend checks):
-    # call it when it wraps the registered object, as an import-based replay would.
-    attribute = _static_member(sys.modules.get(module), name)
-    for obj in _wrapped_chain(attribute):
-        if obj is registered:
-            return ("function", attribute)
-    return ("function", registered)
+    attribute = _module_level(module, name)
+    if any(obj is registered for obj in _wrapped_chain(attribute)):
+        return ("function", attribute)
+    if registered is not None:
+        return ("function", registered)
+    if attribute is None:
+        raise _missing(module, name, where)
+    if _registered_in_chain(attribute, patterns):
+        return ("function", attribute)
+    raise _not_registered(module, name, where)
 
 
 def resolve_enum(class_path, patterns, field):
     """The ``enum.Enum`` subclass a dump names as ``module.Qualname``, found statically.
 
-    The module part must be an allowed module that is already imported; the class is
-    read from its ``__dict__``. Nothing is imported or called.
+    The module part must be an allowed module that is already imported (for FlashInfer's
+    package, its top-level name stands in, as for APIs); the class is read from
+    ``__dict__`` s. Nothing is imported or called.
 
     Raises
     ------
@@ -328,9 +377,7 @@ def resolve_enum(class_path, patterns, field):
         if not module_allowed(module, patterns):
             continue
         seen_allowed = True
-        obj = sys.modules.get(module)
-        for part in parts[split:]:
-            obj = _static_member(obj, part) if obj is not None else None
+        obj = _module_level(module, ".".join(parts[split:]))
         if isinstance(obj, type) and issubclass(obj, enum.Enum):
             if module_allowed(obj.__module__, patterns):
                 return obj

@@ -403,3 +403,48 @@ def test_import_allowed_imports_only_names_written_in_patterns(marker):
     assert not marker.exists()
     registry.import_allowed([MARKER_MODULE])
     assert marker.exists()
+
+
+# ------------------------------------------------- FlashInfer's top-level API names
+
+PATTERNS = registry.allowed_patterns()
+
+
+def test_api_recorded_in_a_module_this_flashinfer_lacks_resolves_by_top_level_name():
+    import flashinfer
+
+    kind, target = registry.resolve_call("flashinfer.gemm.gemm_base", "bmm_fp8", PATTERNS, "w")
+    assert kind == "function" and target is flashinfer.bmm_fp8
+
+
+def test_class_recorded_in_a_module_this_flashinfer_lacks_resolves_by_top_level_name():
+    import flashinfer
+
+    name = "BatchDecodeWithPagedKVCacheWrapper.__init__"
+    kind, cls, attr = registry.resolve_call("flashinfer.attention.decode", name, PATTERNS, "w")
+    assert cls is flashinfer.BatchDecodeWithPagedKVCacheWrapper and attr == "__init__"
+
+
+def test_enum_recorded_in_a_module_this_flashinfer_lacks_resolves_by_top_level_name(tmp_path):
+    import flashinfer
+
+    encoded = enum_of("flashinfer.quantization.fp4_quantization.SfLayout", 2)
+    assert decoded_enum(tmp_path, encoded) is flashinfer.SfLayout.layout_linear
+
+
+def test_api_this_flashinfer_lacks_is_reported_as_not_implemented():
+    import flashinfer
+
+    with pytest.raises(LookupError) as info:
+        registry.resolve_call("flashinfer.norm", "rmsnorm", PATTERNS, "w")
+    assert str(info.value) == (
+        f"w: flashinfer.norm.rmsnorm is not implemented by the installed flashinfer "
+        f"({flashinfer.__version__}, {flashinfer.__file__}): no implementation of this API on "
+        "this machine"
+    )
+
+
+@pytest.mark.parametrize("name", ["torch", "__builtins__", "gemm", "version"])
+def test_top_level_name_that_is_not_an_api_is_refused(name):
+    with pytest.raises(ReplayRefused, match=rf"function_name '{name}' .* not a registered"):
+        registry.resolve_call("flashinfer.no_such_module", name, PATTERNS, "w")
