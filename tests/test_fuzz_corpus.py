@@ -1,5 +1,6 @@
-"""Inputs that once crashed or misled a fuzz target (tests/fuzz/regressions/TARGET/) go
-through the readers the normal build uses and end in a clean error or a result."""
+"""Every seed of the fuzz targets (tests/fuzz/corpus/TARGET/) and every input that once
+crashed or misled one (tests/fuzz/regressions/TARGET/) goes through the readers the
+normal build uses, and ends in a result or a clean error naming the file."""
 
 import os
 import struct
@@ -67,13 +68,14 @@ REPLAY = {
     "dumptree": replay_dumptree,
 }
 CASES = [
-    pytest.param(target, os.path.join(FUZZ, "regressions", target, name), id=f"{target}/{name}")
+    pytest.param(target, os.path.join(FUZZ, kind, target, name), id=f"{kind}/{target}/{name}")
+    for kind in ("corpus", "regressions")
     for target in REPLAY
-    if os.path.isdir(os.path.join(FUZZ, "regressions", target))
-    for name in sorted(os.listdir(os.path.join(FUZZ, "regressions", target)))
+    if os.path.isdir(os.path.join(FUZZ, kind, target))
+    for name in sorted(os.listdir(os.path.join(FUZZ, kind, target)))
 ]
 
 
 @pytest.mark.parametrize("target, path", CASES)
-def test_past_fuzz_finding_is_handled_cleanly(tmp_path, target, path):
+def test_fuzz_input_is_read_cleanly(tmp_path, target, path):
     REPLAY[target](tmp_path, read(path))
