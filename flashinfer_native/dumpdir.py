@@ -17,12 +17,20 @@ import torch
 from . import _C
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_LINE_BYTES",
+    "MAX_METADATA_BYTES",
     "METADATA_FILE",
+    "bounded_lines",
     "find_dump_dirs",
     "load_tensor_file",
     "load_tensors",
+    "open_regular",
     "ordered_dumps",
+    "parse_record",
     "read_metadata",
+    "record_type_problem",
+    "size_text",
     "summarize_session",
     "tensor_file",
 ]
@@ -77,7 +85,7 @@ def _json_type(value):
 
 
 def _not_regular(path, mode):
-    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), f"mode {mode:o}")
     return ValueError(f"{path}: not a regular file ({kind})")
 
 
