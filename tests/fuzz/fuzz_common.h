@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "crc32.h"
-#include "tensorio.h"
+#include "tensorbytes.h"
 
 #define FUZZ_PATH "fuzz-input"
 
