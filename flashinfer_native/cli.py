@@ -1,4 +1,4 @@
-"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3).
+"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3); ``repro``, ``diff``, ``report``.
 
 ``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
 (``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
@@ -49,6 +49,16 @@ def _device_option(ctx, param, value):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter(f"{value!r}: CUDA is not available on this machine")
     return device
+
+
+def _device_name(ctx, param, value):
+    """A torch device name, not necessarily present here (a script may run elsewhere)."""
+    if value is None:
+        return None
+    try:
+        return str(torch.device(value))
+    except (RuntimeError, ValueError) as exc:
+        raise click.BadParameter(f"{value!r} is not a torch device ({exc})") from None
 
 
 def _first_line(text):
@@ -236,6 +246,56 @@ def dumps(dump_dir, as_json):
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
             click.echo(f"  {name}")
+
+
+@cli.command()
+@click.argument("dump_call_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(),
+    help="Folder to create (or, with --tar, the .tar.gz to write).",
+)
+@click.option(
+    "--device",
+    callback=_device_name,
+    default=None,
+    help="The script's default device (default: where the call was recorded); it may "
+    "name a device this machine lacks.",
+)
+@click.option("--tar", is_flag=True, help="Write one .tar.gz holding the folder.")
+@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@click.option(
+    "--full-chain",
+    is_flag=True,
+    help="For a wrapper method: replay every call on the object since its __init__, "
+    "not only its latest plan.",
+)
+def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
+    """Export one recorded call as a folder with its tensors and a standalone repro.py.
+
+    The script needs only torch and flashinfer; it rebuilds a wrapper's object
+    (__init__, plan) before a method call, runs the call, compares with the recorded
+    outputs (or exception) and exits 1 on a mismatch.
+    """
+    from .repro import export_repro
+
+    try:
+        done = export_repro(dump_call_dir, out, device, tar, rtol, atol, full_chain)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    kind = "archive" if tar else "folder"
+    click.echo(f"Wrote {kind} {done['path']} ({done['tensor_bytes']} bytes of tensors)")
+    click.echo(f"Calls: {' -> '.join(done['steps'])}")
+    for note in done["notes"]:
+        click.echo(f"Note: {note}")
+    run = (
+        f"tar xzf {done['path']} && python {done['script']}" if tar else f"python {done['script']}"
+    )
+    click.echo(f"Run: {run}")
 
 
 def _flashinfer_package():
