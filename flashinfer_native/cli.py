@@ -298,6 +298,124 @@ def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
     click.echo(f"Run: {run}")
 
 
+def _diff_line(entry, verbose):
+    """The terminal lines of one diff entry (none for a matching call unless verbose)."""
+    status = entry["status"]
+    if status == "same" and not verbose:
+        return []
+    sides = " | ".join(
+        f"{side.upper()}: {entry[side]['dir']}" for side in ("a", "b") if side in entry
+    )
+    mark = {
+        "same": "✅ Same",
+        "diverged": "❌ Diverged",
+        "only_a": "❌ Only in A",
+        "only_b": "❌ Only in B",
+    }[status]
+    lines = [f"[{entry['index']}] {entry['api']} ({sides}): {mark}"]
+    reasons = entry.get("reasons") or []
+    if status == "diverged":
+        lines += [f"    {r}" for r in (reasons if verbose else reasons[:3])]
+        if len(reasons) > 3 and not verbose:
+            lines.append(f"    ... {len(reasons) - 3} more (-v shows all)")
+    if status == "same":
+        worst = [t["max_abs"] for t in entry.get("outputs", []) if t.get("max_abs") is not None]
+        if worst:
+            lines[0] += f" (outputs max abs diff {max(worst):.6g})"
+    return lines
+
+
+class _JsonStream:
+    """A diff report written as it goes: header keys, then each call, then the summary."""
+
+    def __init__(self, path, header):
+        self.path = path
+        try:
+            self.file = open(path, "w")
+        except OSError as exc:
+            raise click.FileError(path, hint=exc.strerror) from None
+        self.file.write("{\n")
+        for key, value in header.items():
+            self.file.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
+        self.file.write('  "calls": [')
+        self.first = True
+
+    def add(self, entry):
+        self.file.write(("\n    " if self.first else ",\n    ") + json.dumps(entry))
+        self.first = False
+
+    def close(self, tail):
+        self.file.write("\n  ],\n")
+        items = list(tail.items())
+        for n, (key, value) in enumerate(items):
+            comma = "," if n + 1 < len(items) else ""
+            self.file.write(f"  {json.dumps(key)}: {json.dumps(value)}{comma}\n")
+        self.file.write("}\n")
+        self.file.close()
+
+
+@cli.command()
+@click.argument("a", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.argument("b", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every call's comparison to this file (streamed).",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Show matching calls and every reason.")
+def diff(a, b, rtol, atol, json_path, verbose):
+    """Compare two recorded sessions A and B call by call; B is the reference.
+
+    Calls are matched by their position in their process when both sessions carry
+    `sequence`, else by (API name, occurrence in the process). For each pair: max abs
+    and max rel difference of every input and output tensor, differing non-tensor
+    inputs and status. Prints the divergent calls and the first divergence. Exit
+    status: 0 when nothing diverged, 1 otherwise, 2 for bad arguments. Reads the dumps
+    only: nothing they name is imported or run.
+    """
+    from .diff import diff_sessions
+
+    header, entries = diff_sessions(a, b, rtol, atol)
+    click.echo(
+        f"Comparing A {a} ({header['calls_a']} calls) with B {b} ({header['calls_b']} calls), "
+        f"matched by {header['match']}"
+    )
+    stream = _JsonStream(json_path, header) if json_path else None
+    counts = Counter()
+    first = None
+    for entry in entries:
+        counts[entry["status"]] += 1
+        if first is None and entry["status"] != "same":
+            first = entry
+        for line in _diff_line(entry, verbose):
+            click.echo(line)
+        if stream:
+            stream.add(entry)
+    if first is not None:
+        click.echo(f"First divergence: [{first['index']}] {first['api']}")
+        for reason in first.get("reasons", [])[:5]:
+            click.echo(f"    {reason}")
+    summary = {
+        "matched": counts["same"] + counts["diverged"],
+        "same": counts["same"],
+        "diverged": counts["diverged"],
+        "only_a": counts["only_a"],
+        "only_b": counts["only_b"],
+    }
+    click.echo(
+        f"Summary: {summary['matched']} matched calls, {summary['same']} same, "
+        f"{summary['diverged']} diverged; {summary['only_a']} only in A, "
+        f"{summary['only_b']} only in B"
+    )
+    if stream:
+        stream.close({"first_divergence": first, "summary": summary})
+    sys.exit(0 if first is None else 1)
+
+
 def _flashinfer_package():
     """(version, which) of the importable flashinfer package, or None."""
     if importlib.util.find_spec("flashinfer") is None:

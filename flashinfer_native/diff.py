@@ -1,0 +1,349 @@
+"""``flashinfer diff``: where two recorded sessions start to disagree.
+
+Two dump roots (two library versions, two devices, a CPU run against a GPU recording)
+are walked call by call. Calls are matched by their position in their process when
+both sessions carry the recorder's ``sequence``, else by (API name, occurrence of that
+API in its process); processes are paired in the order of their first call. For each
+matched pair the inputs and outputs are compared tensor by tensor (max abs and max rel
+difference, elements outside ``rtol``/``atol``; side B is the reference, as in
+``torch.allclose(a, b)``), together with the non-tensor inputs and the call status.
+
+It streams: one pair's tensors (memory-mapped by the core's loader) are alive at a
+time, and large tensors are compared in chunks. It only reads the dumps: nothing named
+by them is imported or called (SPEC 5.1a).
+"""
+
+import fnmatch
+import json
+import math
+import os
+import re
+
+import torch
+
+from . import dumpdir
+from .calls import session_calls
+from .repro import parse_signature
+
+__all__ = ["diff_sessions", "tensor_difference"]
+
+_CHUNK = 1 << 20  # elements compared at once
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
+
+# Input tensors whose content before the call is undefined (torch.empty buffers the
+# call writes or uses as scratch): compared, reported, never counted as divergence.
+SCRATCH_PARAMETERS = ("out", "lse", "*workspace*")
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _chunk_difference(x, y, rtol, atol):
+    """(max abs, max rel, elements outside tolerance) of two same-shape chunks."""
+    if x.is_floating_point() or x.is_complex():
+        wide = torch.complex128 if x.is_complex() else torch.float64
+        x, y = x.to(wide), y.to(wide)
+        close = torch.isclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+        diff = (x - y).abs()
+        diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+        reference = y.abs()
+    else:
+        width = x.element_size()
+        bits_x = x.contiguous().view(torch.uint8).view(-1, width)
+        bits_y = y.contiguous().view(torch.uint8).view(-1, width)
+        close = ~(bits_x != bits_y).any(dim=1)
+        try:
+            wide_y = y.to(torch.float64)
+            diff = (x.to(torch.float64) - wide_y).abs()
+            reference = wide_y.abs()
+        except (RuntimeError, TypeError):  # a dtype torch cannot convert: bits only
+            diff = (~close).to(torch.float64)
+            reference = torch.ones_like(diff)
+    known = diff[~torch.isnan(diff)]
+    max_abs = known.max().item() if known.numel() else 0.0
+    nonzero = reference > 0
+    rel = diff[nonzero] / reference[nonzero]
+    rel = rel[~torch.isnan(rel)]
+    max_rel = rel.max().item() if rel.numel() else 0.0
+    return max_abs, max_rel, int((~close).sum())
+
+
+def tensor_difference(a, b, rtol=1e-3, atol=1e-3):
+    """How tensor ``a`` differs from the reference ``b``.
+
+    Floating and complex tensors are compared in double precision with
+    ``torch.isclose(a, b, rtol, atol, equal_nan=True)``; other dtypes bit for bit.
+    Large tensors are compared in chunks of about a million elements.
+
+    Parameters
+    ----------
+    a, b : torch.Tensor
+    rtol, atol : float
+
+    Returns
+    -------
+    dict
+        ``shape``, ``dtype`` (of b), ``numel``, ``max_abs``, ``max_rel`` (over elements
+        where b is not 0), ``mismatched`` (elements outside tolerance) and ``diverged``;
+        ``reason`` when shapes or dtypes differ.
+    """
+    out = {"shape": list(b.shape), "dtype": str(b.dtype), "numel": b.numel()}
+    if a.shape != b.shape or a.dtype != b.dtype:
+        out.update(
+            diverged=True,
+            reason=f"{a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}",
+            max_abs=None,
+            max_rel=None,
+            mismatched=None,
+        )
+        return out
+    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
+    max_abs = max_rel = 0.0
+    mismatched = 0
+    for start in range(0, flat_a.numel(), _CHUNK):
+        part = _chunk_difference(
+            flat_a[start : start + _CHUNK], flat_b[start : start + _CHUNK], rtol, atol
+        )
+        max_abs, max_rel = max(max_abs, part[0]), max(max_rel, part[1])
+        mismatched += part[2]
+    out.update(max_abs=max_abs, max_rel=max_rel, mismatched=mismatched, diverged=mismatched > 0)
+    return out
+
+
+# ------------------------------------------------------------------- values
+
+
+def _normalized(value):
+    """A recorded value with object addresses blanked (reprs of ``self`` differ by run)."""
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items() if k != "tensor_key"}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    if isinstance(value, str):
+        return _ADDRESS.sub("0x…", value)
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return value
+
+
+def _brief(value):
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _metadata_differences(meta_a, meta_b, what):
+    """Lines naming each non-tensor value that differs between two recordings."""
+    lines = []
+    for key in sorted(set(meta_a) | set(meta_b)):
+        if key not in meta_a or key not in meta_b:
+            side = "A" if key in meta_a else "B"
+            lines.append(f"{what} {key}: only in {side}")
+            continue
+        va, vb = _normalized(meta_a[key]), _normalized(meta_b[key])
+        if va != vb:
+            lines.append(f"{what} {key}: {_brief(va)} vs {_brief(vb)}")
+    return lines
+
+
+# -------------------------------------------------------------------- calls
+
+
+def _side(call):
+    return {"dir": call.dir_name, "pid": call.pid, "status": call.status}
+
+
+def _tensors(call, record, stem, listed_key):
+    """The inputs/outputs tensors of a call ({} when it has none); raises on a bad file."""
+    path = dumpdir.tensor_file(call.path, stem, record)
+    if path is None:
+        listed = (record.get("tensor_info") or {}).get(listed_key) or []
+        if listed:
+            raise FileNotFoundError(f"{call.path}: {stem} file is missing")
+        return {}
+    return dumpdir.load_tensor_file(path)
+
+
+def _parameter_of(key, params):
+    """The parameter a tensor key belongs to (``arg_2__0`` -> the third parameter)."""
+    match = _TOP_KEY.match(key)
+    if match is None:
+        return None
+    if match.group(3) is not None:
+        return match.group(3)
+    index = int(match.group(2))
+    return params[index][0] if index < len(params) else None
+
+
+def _scratch(key, params):
+    name = _parameter_of(key, params)
+    return name is not None and any(fnmatch.fnmatchcase(name, p) for p in SCRATCH_PARAMETERS)
+
+
+def _compare_tensor_sets(ta, tb, what, rtol, atol, params=()):
+    """(per-tensor results, divergence lines) for two dicts of tensors.
+
+    Inputs bound to a scratch parameter (``SCRATCH_PARAMETERS``, found through the
+    recorded signature ``params``) are reported with ``scratch: true`` and never
+    diverge.
+    """
+    results, lines = [], []
+    for key in sorted(set(ta) | set(tb)):
+        if key not in ta or key not in tb:
+            lines.append(f"{what} {key}: only in {'A' if key in ta else 'B'}")
+            results.append({"key": key, "diverged": True, "only_in": "A" if key in ta else "B"})
+            continue
+        result = dict(key=key, **tensor_difference(ta[key], tb[key], rtol, atol))
+        results.append(result)
+        if what == "input" and _scratch(key, params):
+            result.update(scratch=True, diverged=False)
+        elif result.get("reason"):
+            lines.append(f"{what} {key}: {result['reason']}")
+        elif result["diverged"]:
+            lines.append(
+                f"{what} {key}: max abs diff {result['max_abs']:.6g}, max rel diff "
+                f"{result['max_rel']:.6g}, {result['mismatched']} of {result['numel']} elements "
+                f"outside rtol={rtol:g}, atol={atol:g}"
+            )
+    return results, lines
+
+
+def _compare_status(ra, rb, ca, cb):
+    lines = []
+    if ca.status != cb.status:
+        lines.append(f"status {ca.status} vs {cb.status}")
+    elif ca.status == "exception":
+        ea, eb = ra.get("exception") or {}, rb.get("exception") or {}
+        if ea.get("type") != eb.get("type"):
+            lines.append(f"exception {ea.get('type')} vs {eb.get('type')}")
+    return lines
+
+
+def _compare_pair(ca, cb, rtol, atol):
+    """The entry of one matched pair; the tensors are released when it returns."""
+    entry = {"api": ca.api, "a": _side(ca), "b": _side(cb)}
+    if cb.api != ca.api:
+        entry.update(status="diverged", reasons=[f"API {ca.api} vs {cb.api}"])
+        return entry
+    try:
+        ra, rb = dumpdir.read_metadata(ca.path)[-1], dumpdir.read_metadata(cb.path)[-1]
+    except (OSError, ValueError) as exc:
+        entry.update(status="diverged", reasons=[f"unreadable metadata: {exc}"])
+        return entry
+    reasons = _compare_status(ra, rb, ca, cb)
+    reasons += _metadata_differences(
+        ra.get("input_metadata") or {}, rb.get("input_metadata") or {}, "input"
+    )
+    try:
+        entry["inputs"], lines = _compare_tensor_sets(
+            _tensors(ca, ra, "inputs", "input_tensor_keys"),
+            _tensors(cb, rb, "inputs", "input_tensor_keys"),
+            "input",
+            rtol,
+            atol,
+            parse_signature(ra.get("function_signature")) or (),
+        )
+        reasons += lines
+        if ca.status == cb.status == "completed":
+            reasons += _metadata_differences(
+                ra.get("output_metadata") or {}, rb.get("output_metadata") or {}, "output"
+            )
+            entry["outputs"], lines = _compare_tensor_sets(
+                _tensors(ca, ra, "outputs", "output_tensor_keys"),
+                _tensors(cb, rb, "outputs", "output_tensor_keys"),
+                "output",
+                rtol,
+                atol,
+            )
+            reasons += lines
+    except (OSError, ValueError) as exc:
+        reasons.append(f"unreadable tensors: {exc}")
+    entry.update(status="diverged" if reasons else "same", reasons=reasons)
+    return entry
+
+
+def _match_mode(calls_a, calls_b):
+    every = calls_a + calls_b
+    return "sequence" if every and all(c.sequence is not None for c in every) else "occurrence"
+
+
+def _key(call, mode):
+    if mode == "sequence":
+        return (call.process, call.position)
+    return (call.process, call.api, call.occurrence)
+
+
+def _one_sided(call, side):
+    return {
+        "api": call.api,
+        side.lower(): _side(call),
+        "status": f"only_{side.lower()}",
+        "reasons": [f"only in {side}"],
+    }
+
+
+def _entries(calls_a, calls_b, mode, rtol, atol):
+    """Matched pairs and one-sided calls in A's order, B-only calls placed where B has them."""
+    by_key = {_key(c, mode): c for c in calls_b}
+    matched = {by_key[_key(c, mode)].index for c in calls_a if _key(c, mode) in by_key}
+    pointer = 0
+    for ca in calls_a:
+        cb = by_key.get(_key(ca, mode))
+        if cb is None:
+            yield _one_sided(ca, "A")
+            continue
+        for other in calls_b[pointer : cb.index]:
+            if other.index not in matched:
+                yield _one_sided(other, "B")
+        pointer = max(pointer, cb.index + 1)
+        yield _compare_pair(ca, cb, rtol, atol)
+    for other in calls_b[pointer:]:
+        if other.index not in matched:
+            yield _one_sided(other, "B")
+
+
+def diff_sessions(a, b, rtol=1e-3, atol=1e-3):
+    """Compare two recorded sessions call by call.
+
+    Parameters
+    ----------
+    a, b : str or os.PathLike
+        Dump roots (or single dump directories). B is the reference of relative
+        differences.
+    rtol, atol : float
+        Tolerances deciding whether a tensor diverged.
+
+    Returns
+    -------
+    (dict, iterator of dict)
+        The header (``a``, ``b``, ``match``: ``"sequence"`` or ``"occurrence"``, call and
+        process counts) and a lazy iterator of one entry per call: ``index``, ``api``,
+        ``status`` (``same``, ``diverged``, ``only_a``, ``only_b``), ``reasons``, the
+        sides ``a``/``b`` (``dir``, ``pid``, ``status``) and, for pairs, ``inputs`` and
+        ``outputs`` (one :func:`tensor_difference` per tensor key).
+
+    Raises
+    ------
+    FileNotFoundError
+        A or B does not exist.
+    """
+    calls_a = session_calls(a, keep_records=False)
+    calls_b = session_calls(b, keep_records=False)
+    mode = _match_mode(calls_a, calls_b)
+    header = {
+        "a": os.path.abspath(a),
+        "b": os.path.abspath(b),
+        "match": mode,
+        "calls_a": len(calls_a),
+        "calls_b": len(calls_b),
+        "processes_a": len({c.process for c in calls_a}),
+        "processes_b": len({c.process for c in calls_b}),
+        "rtol": rtol,
+        "atol": atol,
+    }
+
+    def numbered():
+        for index, entry in enumerate(_entries(calls_a, calls_b, mode, rtol, atol), 1):
+            yield {"index": index, **entry}
+
+    return header, numbered()
