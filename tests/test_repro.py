@@ -19,7 +19,7 @@ from flashinfer_native.repro import export_repro, parse_signature
 @pytest.fixture(scope="module")
 def mirror_session(tmp_path_factory):
     """Every mirror API recorded once at level 10."""
-    return t.record(tmp_path_factory.mktemp("mirror") / "dumps", t.MIRROR_SESSION)
+    return t.mirror_session(tmp_path_factory)
 
 
 def run_fresh(folder, tmp_path, *args, env=None):

@@ -94,6 +94,17 @@ MIRROR_APIS = [
 ]
 
 
+_SESSIONS = {}
+
+
+def mirror_session(tmp_path_factory, seed=0):
+    """MIRROR_SESSION recorded once per test run and seed (shared by the test modules)."""
+    if seed not in _SESSIONS:
+        root = tmp_path_factory.mktemp(f"mirror{seed}") / "dumps"
+        _SESSIONS[seed] = record(root, MIRROR_SESSION, seed=seed)
+    return _SESSIONS[seed]
+
+
 def clean_env(**extra):
     """The environment without FLASHINFER_* variables, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}

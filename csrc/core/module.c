@@ -3,7 +3,9 @@
 #include "module.h"
 
 #include "cuda_info.h"
+#include "difference.h"
 #include "format.h"
+#include "histogram.h"
 #include "json.h"
 #include "logger.h"
 #include "stats.h"
@@ -48,6 +50,8 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},
     {Py_mod_exec, fi_stats_exec},
+    {Py_mod_exec, fi_histogram_exec},
+    {Py_mod_exec, fi_difference_exec},
     {Py_mod_exec, fi_cuda_info_exec},
     {0, NULL},
 };
