@@ -416,6 +416,49 @@ def diff(a, b, rtol, atol, json_path, verbose):
     sys.exit(0 if first is None else 1)
 
 
+@cli.command()
+@click.argument("dump_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    default="report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The HTML file to write.",
+)
+@click.option(
+    "--replay-json",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The report of `flashinfer replay --json` for this session: adds each call's result.",
+)
+@click.option(
+    "--max-calls",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    help="Calls whose tensors get statistics and histograms (the timeline and table show all).",
+)
+def report(dump_dir, out, replay_json, max_calls):
+    """Write a session as one static HTML page (no network, no JavaScript).
+
+    Timeline of the calls per API coloured by status, a table of every call, and per
+    call its tensors with shape, dtype, level-5 statistics and a histogram (computed in
+    C from the dump files). Reads the dumps only.
+    """
+    from .report import write_report
+
+    try:
+        done = write_report(dump_dir, out, replay_json, max_calls)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    counts = ", ".join(f"{n} {s}" for s, n in done["statuses"].items())
+    click.echo(
+        f"Wrote {done['path']}: {done['calls']} calls ({counts}), {done['detailed']} detailed"
+    )
+
+
 def _flashinfer_package():
     """(version, which) of the importable flashinfer package, or None."""
     if importlib.util.find_spec("flashinfer") is None:
