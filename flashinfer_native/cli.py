@@ -248,6 +248,16 @@ def dumps(dump_dir, as_json):
             click.echo(f"  {name}")
 
 
+def _tolerances(command):
+    """--rtol and --atol of the triage commands (defaults as replay's)."""
+    command = click.option(
+        "--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance."
+    )(command)
+    return click.option(
+        "--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance."
+    )(command)
+
+
 @cli.command()
 @click.argument("dump_call_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
 @click.option(
@@ -266,8 +276,7 @@ def dumps(dump_dir, as_json):
     "name a device this machine lacks.",
 )
 @click.option("--tar", is_flag=True, help="Write one .tar.gz holding the folder.")
-@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
-@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@_tolerances
 @click.option(
     "--full-chain",
     is_flag=True,
@@ -357,13 +366,11 @@ class _JsonStream:
 @cli.command()
 @click.argument("a", type=click.Path(exists=True, file_okay=False, dir_okay=True))
 @click.argument("b", type=click.Path(exists=True, file_okay=False, dir_okay=True))
-@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
-@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@_tolerances
 @click.option(
     "--json",
     "json_path",
     type=click.Path(dir_okay=False),
-    default=None,
     help="Write every call's comparison to this file (streamed).",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Show matching calls and every reason.")

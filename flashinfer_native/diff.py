@@ -188,6 +188,19 @@ def _compare_status(ra, rb, ca, cb):
     return lines
 
 
+def _compare_side(ca, cb, ra, rb, what, rtol, atol, params, reasons):
+    """Compare the inputs or outputs (``what``) of a pair: non-tensor values, then tensors.
+    Appends the divergence lines to ``reasons``; returns the per-tensor results."""
+    key = f"{what}_metadata"
+    reasons += _metadata_differences(ra.get(key) or {}, rb.get(key) or {}, what)
+    stem, listed = f"{what}s", f"{what}_tensor_keys"
+    results, lines = _compare_tensor_sets(
+        _tensors(ca, ra, stem, listed), _tensors(cb, rb, stem, listed), what, rtol, atol, params
+    )
+    reasons += lines
+    return results
+
+
 def _compare_pair(ca, cb, rtol, atol):
     """The entry of one matched pair; the tensors are released when it returns."""
     entry = {"api": ca.api, "a": _side(ca), "b": _side(cb)}
@@ -200,31 +213,11 @@ def _compare_pair(ca, cb, rtol, atol):
         entry.update(status="diverged", reasons=[f"unreadable metadata: {exc}"])
         return entry
     reasons = _compare_status(ra, rb, ca, cb)
-    reasons += _metadata_differences(
-        ra.get("input_metadata") or {}, rb.get("input_metadata") or {}, "input"
-    )
     try:
-        entry["inputs"], lines = _compare_tensor_sets(
-            _tensors(ca, ra, "inputs", "input_tensor_keys"),
-            _tensors(cb, rb, "inputs", "input_tensor_keys"),
-            "input",
-            rtol,
-            atol,
-            parse_signature(ra.get("function_signature")) or (),
-        )
-        reasons += lines
+        params = parse_signature(ra.get("function_signature")) or ()
+        entry["inputs"] = _compare_side(ca, cb, ra, rb, "input", rtol, atol, params, reasons)
         if ca.status == cb.status == "completed":
-            reasons += _metadata_differences(
-                ra.get("output_metadata") or {}, rb.get("output_metadata") or {}, "output"
-            )
-            entry["outputs"], lines = _compare_tensor_sets(
-                _tensors(ca, ra, "outputs", "output_tensor_keys"),
-                _tensors(cb, rb, "outputs", "output_tensor_keys"),
-                "output",
-                rtol,
-                atol,
-            )
-            reasons += lines
+            entry["outputs"] = _compare_side(ca, cb, ra, rb, "output", rtol, atol, (), reasons)
     except (OSError, ValueError) as exc:
         reasons.append(f"unreadable tensors: {exc}")
     entry.update(status="diverged" if reasons else "same", reasons=reasons)

@@ -13,15 +13,18 @@ import torch
 from logging_utils import normalize, reload_api_logging, restore_level_0, strip_header
 
 
-@pytest.fixture
-def logmod(monkeypatch):
-    """Factory: re-import api_logging with the given env; restores level 0 afterwards."""
-
-    def make(**env):
-        return reload_api_logging(monkeypatch, **env)
-
-    yield make
+@pytest.fixture(autouse=True)
+def default_logging_afterwards():
+    """Each test re-imports api_logging; later tests see level 0 again."""
+    yield
     restore_level_0()
+
+
+def json_logger(monkeypatch, tmp_path, level, **env):
+    """api_logging at level with the JSON format, logging to a file; (module, path)."""
+    log = tmp_path / "log.jsonl"
+    env.update(FLASHINFER_LOGLEVEL=level, FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+    return reload_api_logging(monkeypatch, **env), log
 
 
 def records(path):
@@ -148,18 +151,14 @@ def block(call, ret):
 
 
 @pytest.mark.parametrize("level", ["3", "5"])
-def test_json_records_render_to_the_text_log_of_the_same_calls(logmod, tmp_path, level):
-    text_log, json_log = tmp_path / "log.txt", tmp_path / "log.jsonl"
-    sample_calls(
-        logmod(FLASHINFER_LOGLEVEL=level, FLASHINFER_LOGDEST=str(text_log)).flashinfer_api(
-            sample_api
-        )
+def test_json_records_render_to_the_text_log_of_the_same_calls(monkeypatch, tmp_path, level):
+    text_log = tmp_path / "log.txt"
+    text = reload_api_logging(
+        monkeypatch, FLASHINFER_LOGLEVEL=level, FLASHINFER_LOGDEST=str(text_log)
     )
-    sample_calls(
-        logmod(
-            FLASHINFER_LOGLEVEL=level, FLASHINFER_LOGDEST=str(json_log), FLASHINFER_LOGFORMAT="json"
-        ).flashinfer_api(sample_api)
-    )
+    sample_calls(text.flashinfer_api(sample_api))
+    js, json_log = json_logger(monkeypatch, tmp_path, level)
+    sample_calls(js.flashinfer_api(sample_api))
     recs = records(json_log)
     assert recs[0]["event"] == "system_info"
     calls = [r for r in recs if r["event"] == "call"]
@@ -169,9 +168,8 @@ def test_json_records_render_to_the_text_log_of_the_same_calls(logmod, tmp_path,
     assert rendered == normalize(strip_header(text_log.read_text()))
 
 
-def test_level_5_json_statistics_are_full_precision(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="5", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_level_5_json_statistics_are_full_precision(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "5")
     m.flashinfer_api(lambda x: None)(torch.tensor([0.1, 0.2, float("nan"), float("inf")]))
     (call,) = [r for r in records(log) if r["event"] == "call"]
     stats = call["args"][0]["stats"]
@@ -184,9 +182,8 @@ def test_level_5_json_statistics_are_full_precision(logmod, tmp_path):
     }
 
 
-def test_level_1_json_is_one_call_record_per_call(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="1", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_level_1_json_is_one_call_record_per_call(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "1")
     api = m.flashinfer_api(lambda x: x)
     api(1)
     api(2)
@@ -203,18 +200,16 @@ def test_level_1_json_is_one_call_record_per_call(logmod, tmp_path):
     assert first["timestamp"] <= second["timestamp"]
 
 
-def test_call_record_is_on_disk_before_the_call_runs(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_call_record_is_on_disk_before_the_call_runs(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "3")
     seen = []
     m.flashinfer_api(lambda x: seen.append(records(log)))(torch.ones(2))
     last = seen[0][-1]
     assert (last["event"], last["args"][0]["shape"]) == ("call", [2])
 
 
-def test_exception_gets_an_exception_record_and_propagates_unchanged(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_exception_gets_an_exception_record_and_propagates_unchanged(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "3")
     err = ValueError('bad "value"\n')
 
     @m.flashinfer_api
@@ -236,14 +231,8 @@ def test_exception_gets_an_exception_record_and_propagates_unchanged(logmod, tmp
     }
 
 
-def test_filtered_api_gets_a_level_1_record_at_level_5(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(
-        FLASHINFER_LOGLEVEL="5",
-        FLASHINFER_LOGDEST=str(log),
-        FLASHINFER_LOGFORMAT="json",
-        FLASHINFER_DUMP_EXCLUDE="quiet",
-    )
+def test_filtered_api_gets_a_level_1_record_at_level_5(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "5", FLASHINFER_DUMP_EXCLUDE="quiet")
 
     def quiet(x):
         return x
@@ -253,9 +242,8 @@ def test_filtered_api_gets_a_level_1_record_at_level_5(logmod, tmp_path):
     assert (call["event"], call["level"], "args" in call) == ("call", 1, False)
 
 
-def test_logging_error_is_a_json_record_and_the_call_still_runs(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_logging_error_is_a_json_record_and_the_call_still_runs(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "3")
 
     class BadTensor(torch.Tensor):
         @property
@@ -272,12 +260,11 @@ def test_logging_error_is_a_json_record_and_the_call_still_runs(logmod, tmp_path
     assert ret["result"] == 7
 
 
-def test_text_warnings_of_the_core_become_message_records(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(
-        FLASHINFER_LOGLEVEL="10",
-        FLASHINFER_LOGDEST=str(log),
-        FLASHINFER_LOGFORMAT="json",
+def test_text_warnings_of_the_core_become_message_records(monkeypatch, tmp_path):
+    m, log = json_logger(
+        monkeypatch,
+        tmp_path,
+        "10",
         FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
         FLASHINFER_DUMP_MAX_COUNT="0",
     )
@@ -287,9 +274,8 @@ def test_text_warnings_of_the_core_become_message_records(logmod, tmp_path):
     assert messages[0]["text"].startswith("[flashinfer] WARNING: dump count cap reached (0 calls)")
 
 
-def test_call_ids_pair_records_of_eight_threads(logmod, tmp_path):
-    log = tmp_path / "log.jsonl"
-    m = logmod(FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT="json")
+def test_call_ids_pair_records_of_eight_threads(monkeypatch, tmp_path):
+    m, log = json_logger(monkeypatch, tmp_path, "3")
     api = m.flashinfer_api(lambda i, t: i)
     t = torch.zeros(4, 4)
     threads = [
@@ -308,8 +294,8 @@ def test_call_ids_pair_records_of_eight_threads(logmod, tmp_path):
 
 
 @pytest.mark.parametrize(("value", "warned"), [("JSON", False), ("xml", True)])
-def test_logformat_values(logmod, capfd, value, warned):
-    m = logmod(FLASHINFER_LOGFORMAT=value)
+def test_logformat_values(monkeypatch, capfd, value, warned):
+    m = reload_api_logging(monkeypatch, FLASHINFER_LOGFORMAT=value)
     err = capfd.readouterr().err
     warnings = [line for line in err.splitlines() if "FLASHINFER_LOGFORMAT" in line]
     assert len(warnings) == int(warned)

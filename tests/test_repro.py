@@ -36,6 +36,15 @@ def run_fresh(folder, tmp_path, *args, env=None):
     )
 
 
+def edit_metadata(dump_dir, old, new):
+    """Replace text in a dump's metadata.jsonl (a hostile or damaged dump)."""
+    meta = os.path.join(dump_dir, "metadata.jsonl")
+    with open(meta) as f:
+        text = f.read()
+    with open(meta, "w") as f:
+        f.write(text.replace(old, new))
+
+
 def script_of(folder):
     with open(os.path.join(folder, "repro.py")) as f:
         return f.read()
@@ -239,11 +248,7 @@ def test_method_without_its_init_dump_is_refused_with_the_reason(tmp_path):
 def test_names_that_are_not_identifiers_are_refused(tmp_path):
     writer = h.DumpWriter(tmp_path / "dumps")
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
-    meta = os.path.join(writer.dirs[-1], "metadata.jsonl")
-    with open(meta) as f:
-        text = f.read()
-    with open(meta, "w") as f:
-        f.write(text.replace('"replay_helpers"', '"os; import subprocess"'))
+    edit_metadata(writer.dirs[-1], '"replay_helpers"', '"os; import subprocess"')
     with pytest.raises(ValueError, match=r"module 'os; import subprocess' is not a dotted"):
         export_repro(writer.dirs[-1], tmp_path / "repro")
 
@@ -251,11 +256,7 @@ def test_names_that_are_not_identifiers_are_refused(tmp_path):
 def test_untrusted_text_cannot_escape_a_comment(tmp_path):
     writer = h.DumpWriter(tmp_path / "dumps")
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
-    meta = os.path.join(writer.dirs[-1], "metadata.jsonl")
-    with open(meta) as f:
-        text = f.read()
-    with open(meta, "w") as f:
-        f.write(text.replace('"torch.float32"', '"x\\nraise SystemExit(3)"'))
+    edit_metadata(writer.dirs[-1], '"torch.float32"', '"x\\nraise SystemExit(3)"')
     out = tmp_path / "repro"
     export_repro(writer.dirs[-1], out)  # the exporter compiles what it writes
     lines = script_of(out).splitlines()

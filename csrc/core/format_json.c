@@ -113,13 +113,9 @@ static int put_str(fi_buf *b, PyObject *s)
 /* str(obj) or repr(obj) as a JSON string; a raising one becomes "<TypeName object>". */
 static int put_text_of(fi_buf *b, PyObject *obj, int use_repr)
 {
-    PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
-    if (!s) {
-        PyErr_Clear();
-        return fi_buf_printf(b, "\"<%s object>\"", _PyType_Name(Py_TYPE(obj)));
-    }
-    int r = put_str(b, s);
-    Py_DECREF(s);
+    PyObject *s = fi_format_text_of(obj, use_repr);
+    int r = s ? put_str(b, s) : -1;
+    Py_XDECREF(s);
     return r;
 }
 
@@ -199,13 +195,9 @@ static int put_tensor_stats(fi_buf *b, PyObject *tensor, const fi_tensor *t)
 static int put_tensor(fi_buf *b, PyObject *tensor, int level)
 {
     fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
+    int requires_grad;
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
         return -1;
-    PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
-    if (!rg)
-        return -1;
-    int requires_grad = PyObject_IsTrue(rg);
-    Py_DECREF(rg);
     fi_buf_puts(b, "{\"type\": \"torch.Tensor\", \"shape\": ");
     put_int_array(b, t.shape, t.ndim);
     fi_buf_puts(b, ", \"stride\": ");
