@@ -13,7 +13,6 @@ time, compared in one pass by the core's C code without temporary copies. It onl
 by them is imported or called (SPEC 5.1a).
 """
 
-import fnmatch
 import json
 import math
 import os
@@ -23,16 +22,16 @@ import torch
 
 from . import _C, dumpdir
 from .calls import session_calls
-from .repro import parse_signature
+from .repro import is_workspace, parameter_of, parse_signature
 
 __all__ = ["diff_sessions", "tensor_difference"]
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
 
 # Input tensors whose content before the call is undefined (torch.empty buffers the
 # call writes or uses as scratch): compared, reported, never counted as divergence.
-SCRATCH_PARAMETERS = ("out", "lse", "*workspace*")
+# These output buffers and the workspaces of repro.WORKSPACE_PARAMETERS.
+SCRATCH_OUTPUTS = ("out", "lse")
 
 
 # ---------------------------------------------------------------- tensors
@@ -133,28 +132,17 @@ def _tensors(call, record, stem, listed_key):
     return dumpdir.load_tensor_file(path)
 
 
-def _parameter_of(key, params):
-    """The parameter a tensor key belongs to (``arg_2__0`` -> the third parameter)."""
-    match = _TOP_KEY.match(key)
-    if match is None:
-        return None
-    if match.group(3) is not None:
-        return match.group(3)
-    index = int(match.group(2))
-    return params[index][0] if index < len(params) else None
-
-
 def _scratch(key, params):
-    name = _parameter_of(key, params)
-    return name is not None and any(fnmatch.fnmatchcase(name, p) for p in SCRATCH_PARAMETERS)
+    name = parameter_of(key, params)
+    return name in SCRATCH_OUTPUTS or is_workspace(name)
 
 
 def _compare_tensor_sets(ta, tb, what, rtol, atol, params=()):
     """(per-tensor results, divergence lines) for two dicts of tensors.
 
-    Inputs bound to a scratch parameter (``SCRATCH_PARAMETERS``, found through the
-    recorded signature ``params``) are reported with ``scratch: true`` and never
-    diverge.
+    Inputs bound to a scratch parameter (``SCRATCH_OUTPUTS`` or a workspace, found
+    through the recorded signature ``params``) are reported with ``scratch: true`` and
+    never diverge.
     """
     results, lines = [], []
     for key in sorted(set(ta) | set(tb)):

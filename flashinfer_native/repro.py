@@ -14,6 +14,7 @@ Python identifier and every value a literal, so a hostile dump cannot inject cod
 generated script imports the recorded API by name, which its user runs knowingly.
 """
 
+import fnmatch
 import keyword
 import os
 import re
@@ -37,7 +38,13 @@ VAR_KEYWORD = "var_keyword"
 # Methods that (re)configure a wrapper: the latest one before the call is replayed.
 PLAN_METHODS = ("plan", "begin_forward")
 
+# Parameters holding scratch memory whose content before the call does not matter
+# (FlashInfer's workspace buffers): the script makes them with torch.empty instead of
+# shipping their recorded bytes (often hundreds of MB).
+WORKSPACE_PARAMETERS = ("*workspace*",)
+
 _NESTED_KEY = re.compile(r"__(\d+|key_\d+|value_\d+)$")
+_TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
 _CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
@@ -137,6 +144,35 @@ def parse_signature(text):
         else:
             params.append((name, KEYWORD_ONLY if keyword_only else POSITIONAL_OR_KEYWORD))
     return params
+
+
+def parameter_of(key, params):
+    """The parameter a recorded key belongs to (``arg_2__0`` -> the third parameter).
+
+    Parameters
+    ----------
+    key : str
+        An input key of SPEC 4.3 (``arg_{i}``, ``kwarg_{name}``, nested ``{parent}__...``).
+    params : list of (str, str)
+        :func:`parse_signature` of the recorded signature.
+
+    Returns
+    -------
+    str or None
+        The parameter name, None when the signature does not tell.
+    """
+    match = _TOP_KEY.match(key)
+    if match is None:
+        return None
+    if match.group(3) is not None:
+        return match.group(3)
+    index = int(match.group(2))
+    return params[index][0] if index < len(params) else None
+
+
+def is_workspace(name):
+    """True for a parameter name of ``WORKSPACE_PARAMETERS``."""
+    return name is not None and any(fnmatch.fnmatchcase(name, p) for p in WORKSPACE_PARAMETERS)
 
 
 # ---------------------------------------------------------------- value source
@@ -300,7 +336,8 @@ class _Step:
     call: object  # calls.Call
     record: dict
     label: str  # file stem in data/: "1_init", "2_plan", "3_run"
-    inputs: dict  # key -> tensor (loaded, memory-mapped)
+    inputs: dict  # key -> tensor (loaded, memory-mapped), workspaces left out
+    scratch: dict  # key -> source making a workspace buffer afresh
 
 
 def _method_of(api):
@@ -337,7 +374,7 @@ def _chain(calls, target, full_chain):
     return [inits[-1], *since, target]
 
 
-def _ordered_arguments(record, tensors, script, where):
+def _ordered_arguments(record, tensors, scratch, script, where):
     """``(positional sources, [(name, source)])`` of a recorded call, named where allowed.
 
     A source is ``(Python text, comment or None)``; tensors get their recorded dtype
@@ -346,7 +383,7 @@ def _ordered_arguments(record, tensors, script, where):
     before one that cannot be named stays positional.
     """
     encoded = dict(record.get("input_metadata") or {})
-    for key in tensors:
+    for key in [*tensors, *scratch]:
         if not _NESTED_KEY.search(key):
             encoded[key] = {"type": "torch.Tensor", "tensor_key": key}
     details = record.get("tensor_details") or {}
@@ -358,6 +395,8 @@ def _ordered_arguments(record, tensors, script, where):
             keywords[key[6:]] = (value, key)
 
     def source(value, key):
+        if key in scratch:
+            return scratch[key], "workspace: made afresh, its recorded bytes are not needed"
         text = _value_source(value, tensors, "inputs", script, f"{where}: {key}")
         info = details.get(key)
         if key in tensors and isinstance(info, dict):
@@ -426,7 +465,7 @@ def _step_source(step, total, script, is_target):
     ]
     if step.inputs:
         lines.append(f'    inputs = load("{step.label}_inputs", device)')
-    args, kwargs = _ordered_arguments(record, step.inputs, script, where)
+    args, kwargs = _ordered_arguments(record, step.inputs, step.scratch, script, where)
     if _is_method(record):
         cls = script.name_of(module, parts[0])
         if parts[-1] == "__init__":
@@ -723,6 +762,27 @@ def _load_step_tensors(call, stem, key_list):
     return tensors
 
 
+def _split_workspaces(record, tensors):
+    """(tensors to ship, {key: torch.empty source}) with workspace buffers made afresh."""
+    params = parse_signature(record.get("function_signature")) or []
+    scratch = {}
+    for key, tensor in tensors.items():
+        if _NESTED_KEY.search(key) or not is_workspace(parameter_of(key, params)):
+            continue
+        dtype = str(tensor.dtype)
+        _dotted(dtype, f"{key}: dtype")
+        shape = tuple(int(n) for n in tensor.shape)
+        scratch[key] = f"torch.empty({shape!r}, dtype={dtype}, device=device)"
+    return {k: t for k, t in tensors.items() if k not in scratch}, scratch
+
+
+def _step(number, call):
+    """One step of the chain: its inputs loaded, workspaces split off."""
+    inputs = _load_step_tensors(call, "inputs", "input_tensor_keys")
+    kept, scratch = _split_workspaces(call.record, inputs)
+    return _Step(number, call, call.record, _label(number, call.api), kept, scratch)
+
+
 def _label(number, api):
     name = _method_of(api).strip("_") or "call"
     return f"{number}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
@@ -810,16 +870,7 @@ def export_repro(dump_dir, out, device=None, tar=False, rtol=1e-3, atol=1e-3, fu
     calls, target = _target_call(dump_dir)
     chain = _chain(calls, target, full_chain)
     destination, folder_name = _prepare_destination(out, tar)
-    steps = [
-        _Step(
-            n,
-            call,
-            call.record,
-            _label(n, call.api),
-            _load_step_tensors(call, "inputs", "input_tensor_keys"),
-        )
-        for n, call in enumerate(chain, 1)
-    ]
+    steps = [_step(n, call) for n, call in enumerate(chain, 1)]
     record = target.record
     outputs = {}
     if record.get("execution_status") == "completed" and not record.get("outputs_skipped"):

@@ -103,6 +103,17 @@ def test_wrapper_run_exports_its_init_and_plan_chain(mirror_session, tmp_path):
     assert "    result = wrapper.run(" in text
 
 
+def test_workspace_buffers_are_made_afresh_not_shipped(mirror_session, tmp_path):
+    out = tmp_path / "repro"
+    done = export_repro(t.dump_of(mirror_session, "BatchDecodeWithPagedKVCacheWrapper.run"), out)
+    assert "1_init_inputs.pt" not in os.listdir(out / "data")
+    assert done["tensor_bytes"] < 1 << 20  # the 1 MB workspace stays behind
+    assert (
+        "        float_workspace_buffer=torch.empty((1048576,), dtype=torch.int8, device=device),"
+        "  # workspace: made afresh, its recorded bytes are not needed"
+    ) in script_of(out)
+
+
 MIDDLE_OF_SESSION = """
 import flashinfer
 page = 4
