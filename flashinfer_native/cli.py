@@ -307,30 +307,40 @@ def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
     click.echo(f"Run: {run}")
 
 
-def _diff_line(entry, verbose):
+_DIFF_MARKS = {
+    "same": "✅ Same",
+    "diverged": "❌ Diverged",
+    "only_a": "❌ Only in A",
+    "only_b": "❌ Only in B",
+}
+
+
+def _diff_sides(entry, roots):
+    """Indented lines naming the call's dump directory on each side."""
+    return [
+        f"    {side.upper()}: {os.path.join(roots[side], entry[side]['dir'])}"
+        for side in ("a", "b")
+        if side in entry
+    ]
+
+
+def _diff_line(entry, roots, verbose):
     """The terminal lines of one diff entry (none for a matching call unless verbose)."""
     status = entry["status"]
     if status == "same" and not verbose:
         return []
-    sides = " | ".join(
-        f"{side.upper()}: {entry[side]['dir']}" for side in ("a", "b") if side in entry
-    )
-    mark = {
-        "same": "✅ Same",
-        "diverged": "❌ Diverged",
-        "only_a": "❌ Only in A",
-        "only_b": "❌ Only in B",
-    }[status]
-    lines = [f"[{entry['index']}] {entry['api']} ({sides}): {mark}"]
+    lines = [f"[{entry['index']}] {entry['api']}: {_DIFF_MARKS[status]}"]
+    if status == "same":
+        worst = [t["max_abs"] for t in entry.get("outputs", []) if t.get("max_abs") is not None]
+        if worst:
+            lines[0] += f" (outputs max abs diff {max(worst):.6g})"
+    if verbose or status.startswith("only"):
+        lines += _diff_sides(entry, roots)
     reasons = entry.get("reasons") or []
     if status == "diverged":
         lines += [f"    {r}" for r in (reasons if verbose else reasons[:3])]
         if len(reasons) > 3 and not verbose:
             lines.append(f"    ... {len(reasons) - 3} more (-v shows all)")
-    if status == "same":
-        worst = [t["max_abs"] for t in entry.get("outputs", []) if t.get("max_abs") is not None]
-        if worst:
-            lines[0] += f" (outputs max abs diff {max(worst):.6g})"
     return lines
 
 
@@ -394,18 +404,24 @@ def diff(a, b, rtol, atol, json_path, verbose):
     stream = _JsonStream(json_path, header) if json_path else None
     counts = Counter()
     first = None
+    roots = {"a": a, "b": b}
     for entry in entries:
         counts[entry["status"]] += 1
         if first is None and entry["status"] != "same":
             first = entry
-        for line in _diff_line(entry, verbose):
+        for line in _diff_line(entry, roots, verbose):
             click.echo(line)
         if stream:
             stream.add(entry)
     if first is not None:
         click.echo(f"First divergence: [{first['index']}] {first['api']}")
+        for line in _diff_sides(first, roots):
+            click.echo(line)
         for reason in first.get("reasons", [])[:5]:
             click.echo(f"    {reason}")
+        side = "a" if "a" in first else "b"
+        where = os.path.join(roots[side], first[side]["dir"])
+        click.echo(f"Reproduce it: flashinfer repro {where} -o repro_{side}")
     summary = {
         "matched": counts["same"] + counts["diverged"],
         "same": counts["same"],

@@ -48,19 +48,23 @@ def test_identical_sessions_exit_0_and_say_nothing_diverged(tmp_path):
 
 
 def test_first_divergence_names_the_call_and_the_max_differences(tmp_path):
-    session(tmp_path / "a")
+    a = session(tmp_path / "a")
     b = session(tmp_path / "b", bump=0.25)
     result = invoke(tmp_path / "a", tmp_path / "b")
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    run_dir = os.path.basename(b.dirs[3])
-    assert f"| B: {run_dir}): ❌ Diverged" in lines[1]
-    assert lines[1].startswith("[4] SegmentSumWrapper.run (A: ")
-    assert lines[2] == (
+    reason = (
         "    input arg_1: max abs diff 0.25, max rel diff 1, 12 of 12 elements outside "
         "rtol=0.001, atol=0.001"
     )
-    assert "First divergence: [4] SegmentSumWrapper.run" in lines
+    assert lines[1:3] == ["[4] SegmentSumWrapper.run: ❌ Diverged", reason]
+    at = lines.index("First divergence: [4] SegmentSumWrapper.run")
+    assert lines[at + 1 : at + 3] == [
+        f"    A: {os.path.join(tmp_path / 'a', os.path.basename(a.dirs[3]))}",
+        f"    B: {os.path.join(tmp_path / 'b', os.path.basename(b.dirs[3]))}",
+    ]
+    assert lines[at + 3] == reason
+    assert lines[at + 5] == f"Reproduce it: flashinfer repro {lines[at + 1][7:]} -o repro_a"
     assert lines[-1] == "Summary: 5 matched calls, 4 same, 1 diverged; 0 only in A, 0 only in B"
 
 
