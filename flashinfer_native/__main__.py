@@ -1,4 +1,4 @@
-"""``python -m flashinfer_native``: the core's command line (replay, dumps, info)."""
+"""``python -m flashinfer_native``: the core's command line (replay, dumps, info, repro, diff, report)."""
 
 from .cli import cli
 

@@ -31,7 +31,7 @@ _MARKS = {
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="flashinfer")
 def cli():
-    """flashinfer: replay and inspect level-10 flight-recorder dumps."""
+    """flashinfer: replay, inspect and triage level-10 flight-recorder dumps."""
 
 
 def _stdout_is_terminal():

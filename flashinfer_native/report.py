@@ -33,16 +33,15 @@ HISTOGRAM_BINS = 24
 
 
 def _status(call):
-    """Display status: incomplete for a process that died in the call, triggered for a
-    call a ring recorder wrote because a trigger fired."""
+    """Display status: triggered for a call a ring recorder wrote because a trigger
+    fired; incomplete for a call that never got its final line (the process died in it,
+    or a CUDA graph captured it and was never replayed)."""
     record = call.record or {}
     if call.status in ("triggered", "trigger") or "trigger" in record:
         return "triggered"
-    if call.status == "inputs_saved":
-        return "incomplete"
-    if call.status in STATUS_COLOURS:
+    if call.status in ("completed", "exception", "unreadable"):
         return call.status
-    return "completed" if call.status.startswith("graph") else "unreadable"
+    return "incomplete"
 
 
 def _esc(value):
