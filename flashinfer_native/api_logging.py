@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from . import _C, replay
+from . import _C, distributed, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -128,7 +128,7 @@ def _parameters_of(func):
     return params, str(sig)
 
 
-def _make_decorator(logger):
+def _make_decorator(logger, attach_trace=None):
     level = logger.level
 
     def wrap(func):
@@ -147,13 +147,17 @@ def _make_decorator(logger):
         ----------
         func : callable
             The function or method to decorate.
+        trace : optional
+            An fi_trace template (or a callable choosing one), handed with the decorated
+            object to the ``attach_trace`` given to ``install``; ignored without one.
 
         Returns
         -------
         callable
             At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
             otherwise behaves like ``func`` (same result, same exceptions, same name,
-            docstring, ``__wrapped__`` and signature; binds as a method).
+            docstring, ``__wrapped__`` and signature; binds as a method). What
+            ``attach_trace`` returns for it, when ``install`` was given one.
 
         Raises
         ------
@@ -165,18 +169,19 @@ def _make_decorator(logger):
         if isinstance(func, (staticmethod, classmethod)):
             if level == 0:
                 return func
-            return type(func)(flashinfer_api(func.__func__))
+            return type(func)(flashinfer_api(func.__func__, trace=trace))
         if not callable(func):
             raise TypeError(f"flashinfer_api expects a callable, got {type(func).__name__}")
-        if level == 0:
-            return func
-        return wrap(func)
+        decorated = func if level == 0 else wrap(func)
+        if attach_trace is not None:
+            decorated = attach_trace(decorated, func, trace)
+        return decorated
 
     return flashinfer_api
 
 
 def _graph_functions(logger):
-    def flush_graph_dumps():
+    def flush_graph_dumps(synchronize=True):
         """Write the calls recorded while a CUDA graph was being captured.
 
         At level 10 no device-to-host copy may enter a graph, so calls recorded during
@@ -185,6 +190,12 @@ def _graph_functions(logger):
         each call's directory, refreshes the call's root ``inputs``/``outputs`` files to
         this latest snapshot and appends a ``completed`` metadata line. It runs
         automatically after every ``torch.cuda.CUDAGraph.replay()``.
+
+        Parameters
+        ----------
+        synchronize : bool
+            Accepted for FlashInfer's signature; the tensors are always read after the
+            device finished writing them.
 
         Returns
         -------
@@ -228,7 +239,7 @@ def _install_graph_replay_hook(module_name):
     graph_cls.replay = replay_graph
 
 
-def install(namespace, flashinfer_version):
+def install(namespace, flashinfer_version, attach_trace=None):
     """Make ``namespace`` (a module's globals) a ``flashinfer.api_logging``.
 
     Creates a native logger from the environment, writes the system-information header
@@ -242,6 +253,12 @@ def install(namespace, flashinfer_version):
         The globals of the module being executed; ``__name__`` names it.
     flashinfer_version : str
         The version of the flashinfer package served (header and dump metadata).
+    attach_trace : callable, optional
+        ``attach_trace(decorated, func, trace) -> callable``: called for every decorated
+        API with what ``flashinfer_api`` made of ``func`` (``func`` itself at level 0, else
+        its native wrapper) and the decorator's ``trace=`` argument (None when not
+        given); what it returns is what the decorator returns. It attaches ``fi_trace`` /
+        ``fi_init``. Without it ``trace=`` is accepted and ignored.
     """
     logger = _C.Logger()
     level = logger.level
@@ -260,6 +277,7 @@ def install(namespace, flashinfer_version):
             "python": platform.python_version(),
             "flashinfer": flashinfer_version,
         }
+        logger.static_meta["record_extras"] = distributed.record_extras
         sys.stderr.write(_dump_banner_text(logger))
         sys.stderr.flush()
         _install_graph_replay_hook(namespace["__name__"])
@@ -267,8 +285,9 @@ def install(namespace, flashinfer_version):
     namespace.update(
         _LOGGER=logger,
         _API_LOG_LEVEL=level,
+        _NATIVE_CORE=True,
         _suspend_dumps=replay.suspended_dumps,
-        flashinfer_api=_make_decorator(logger),
+        flashinfer_api=_make_decorator(logger, attach_trace),
         load_tensors=load_tensors,
         flush_graph_dumps=flush_graph_dumps,
         clear_graph_dumps=clear_graph_dumps,
@@ -276,3 +295,60 @@ def install(namespace, flashinfer_version):
         replay_sequence=replay.replay_sequence,
         __all__=list(PUBLIC_NAMES),
     )
+
+
+# ------------------------------------------------------------ an installed FlashInfer
+
+
+def _trace_dump_enabled():
+    """FlashInfer's FLASHINFER_TRACE_DUMP switch, as its trace package reads it."""
+    try:
+        from flashinfer.trace.template import _is_trace_dump_enabled
+    except Exception:  # noqa: BLE001 - an older FlashInfer: read the variable itself
+        return os.environ.get("FLASHINFER_TRACE_DUMP", "0") not in ("0", "")
+    return _is_trace_dump_enabled()
+
+
+def flashinfer_trace_attacher(attach_fi_trace):
+    """An ``attach_trace`` for ``install`` over FlashInfer's own ``_attach_fi_trace``.
+
+    FlashInfer's function sets ``fi_trace`` / ``fi_init`` on the object it is given and,
+    for a template, returns a Python function around it that writes a trace file per
+    call when ``FLASHINFER_TRACE_DUMP`` is set. That function is kept where FlashInfer
+    itself would run it: at level 0 (the API is not wrapped by the core) and when
+    ``FLASHINFER_TRACE_DUMP`` is set at decoration time. Otherwise the native wrapper,
+    carrying ``fi_trace`` / ``fi_init``, is what the decorator returns.
+    """
+
+    def attach_trace(decorated, func, trace):
+        result = attach_fi_trace(decorated, func, trace)
+        if decorated is func or result is decorated:
+            return result
+        return result if _trace_dump_enabled() else decorated
+
+    return attach_trace
+
+
+def serve_flashinfer(namespace, flashinfer_version):
+    """Put the native logging surface over an executed FlashInfer ``api_logging``.
+
+    Everything FlashInfer's module defined and the core does not replace stays
+    (``flashinfer_experimental_api`` finds the native ``flashinfer_api`` through the
+    module's globals); its ``__all__``, if it had none, stays absent.
+
+    Parameters
+    ----------
+    namespace : dict
+        The globals of FlashInfer's executed ``flashinfer.api_logging``.
+    flashinfer_version : str
+        FlashInfer's version (header and dump metadata).
+    """
+    had_all = "__all__" in namespace
+    attach_fi_trace = namespace.get("_attach_fi_trace")
+    install(
+        namespace,
+        flashinfer_version,
+        attach_trace=flashinfer_trace_attacher(attach_fi_trace) if attach_fi_trace else None,
+    )
+    if not had_all:
+        del namespace["__all__"]
