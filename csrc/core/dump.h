@@ -1,5 +1,5 @@
 /* dump.h: the level-10 flight recorder (SPEC 4): dump directories, tensor files,
- * metadata.jsonl / session.jsonl records, caps and filters. */
+ * metadata.jsonl / session.jsonl records, caps, and calls held during CUDA graph capture. */
 #ifndef FI_DUMP_H
 #define FI_DUMP_H
 
@@ -28,9 +28,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
  * exception is read for the record and left in place. Frees call. */
 void fi_dump_end(fi_dump_call *call, PyObject *result);
 
-/* Writes every call recorded during CUDA graph capture with the current values of
- * its held tensors: graph_flushes/flush_NNNN/ under its directory, the root tensor
- * files refreshed, and a "completed" metadata line. Returns the count (new ref). */
-PyObject *fi_dump_flush_graph(fi_logger *lg);
+/* Adds the Logger's methods for calls recorded during CUDA graph capture (after
+ * fi_logger_exec): flush_graph_dumps() writes each with the current values of its held
+ * tensors (graph_flushes/flush_NNNN/, the root tensor files refreshed, a "completed"
+ * metadata line); clear_graph_dumps() forgets them. */
+int fi_dump_exec(PyObject *module);
 
 #endif

@@ -5,7 +5,6 @@
 #include <structmember.h>
 #include <unistd.h>
 
-#include "dump.h"
 #include "format_json.h"
 #include "json.h"
 #include "module.h"
@@ -249,30 +248,7 @@ static PyMemberDef logger_members[] = {
     {NULL},
 };
 
-PyDoc_STRVAR(logger_flush_doc,
-             "flush_graph_dumps()\n--\n\nWrite the tensors of calls recorded during CUDA graph "
-             "capture (their current values) as a new snapshot; returns how many calls.");
-PyDoc_STRVAR(logger_clear_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
-                               "CUDA graph capture; returns how many were dropped.");
-
-static PyObject *logger_flush(fi_logger *lg, PyObject *unused)
-{
-    (void)unused;
-    return fi_dump_flush_graph(lg);
-}
-
-static PyObject *logger_clear_graph(fi_logger *lg, PyObject *unused)
-{
-    (void)unused;
-    Py_ssize_t n = PyList_GET_SIZE(lg->graph_pending);
-    if (PyList_SetSlice(lg->graph_pending, 0, n, NULL) < 0)
-        return NULL;
-    return PyLong_FromSsize_t(n);
-}
-
 static PyMethodDef logger_methods[] = {
-    {"flush_graph_dumps", (PyCFunction)logger_flush, METH_NOARGS, logger_flush_doc},
-    {"clear_graph_dumps", (PyCFunction)logger_clear_graph, METH_NOARGS, logger_clear_doc},
     {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
     {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},
     {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},
@@ -356,4 +332,17 @@ int fi_logger_exec(PyObject *module)
         return -1;
     logger_type_cache = st->logger_type;
     return PyModule_AddType(module, st->logger_type);
+}
+
+int fi_logger_add_methods(PyObject *module, PyMethodDef *methods)
+{
+    PyTypeObject *type = fi_state_of(module)->logger_type;
+    for (PyMethodDef *m = methods; m->ml_name; m++) {
+        PyObject *descr = PyDescr_NewMethod(type, m);
+        int r = descr ? PyObject_SetAttrString((PyObject *)type, m->ml_name, descr) : -1;
+        Py_XDECREF(descr);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
 }
