@@ -115,7 +115,8 @@ static PyObject *py_tensor_difference(PyObject *module, PyObject *args, PyObject
     }
     fi_difference d;
     if (numel >= DIFFERENCE_NOGIL_ELEMENTS) {
-        Py_BEGIN_ALLOW_THREADS fi_tensor_difference(&a, &b, rtol, atol, &d);
+        Py_BEGIN_ALLOW_THREADS
+        fi_tensor_difference(&a, &b, rtol, atol, &d);
         Py_END_ALLOW_THREADS
     } else {
         fi_tensor_difference(&a, &b, rtol, atol, &d);

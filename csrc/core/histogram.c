@@ -138,7 +138,8 @@ static PyObject *py_tensor_histogram(PyObject *module, PyObject *args, PyObject 
     if (!h)
         return PyErr_NoMemory();
     if (numel >= HISTOGRAM_NOGIL_ELEMENTS) {
-        Py_BEGIN_ALLOW_THREADS fi_histogram_compute(&t, nbins, lo, hi, h);
+        Py_BEGIN_ALLOW_THREADS
+        fi_histogram_compute(&t, nbins, lo, hi, h);
         Py_END_ALLOW_THREADS
     } else {
         fi_histogram_compute(&t, nbins, lo, hi, h);
