@@ -15,9 +15,11 @@ outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recor
 
 import functools
 import inspect
+import json
 import os
 import platform
 import sys
+import time
 
 import torch
 
@@ -39,34 +41,55 @@ PUBLIC_NAMES = [
 ]
 
 
-def _system_info_text(logger, flashinfer_version):
-    lines = [
-        _SEP,
-        f"{logger.timestamp()} FlashInfer API Logging - System Information",
-        _SEP,
-        f"FlashInfer version: {flashinfer_version}",
-    ]
-    cuda_version = torch.version.cuda
-    lines.append(
-        f"CUDA toolkit version: {cuda_version if cuda_version else '<unavailable - CPU-only build?>'}"
-    )
+def _system_info(flashinfer_version):
+    """The facts of the system-information header: versions and GPUs."""
     try:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except Exception:  # a broken cuDNN install must not stop logging
         cudnn = None
-    lines.append(f"cuDNN version: {cudnn if cudnn else '<not available>'}")
+    gpus = None
     if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        lines.append(f"Number of GPUs: {count}")
-        for i in range(count):
+        gpus = []
+        for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            lines.append(f"  GPU {i}: {torch.cuda.get_device_name(i)}")
+            gpus.append(
+                {"name": torch.cuda.get_device_name(i), "compute_capability": [major, minor]}
+            )
+    return {
+        "flashinfer_version": flashinfer_version,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": cudnn,
+        "gpus": gpus,
+        "torch_version": torch.__version__,
+    }
+
+
+def _system_info_text(logger, info):
+    lines = [
+        _SEP,
+        f"{logger.timestamp()} FlashInfer API Logging - System Information",
+        _SEP,
+        f"FlashInfer version: {info['flashinfer_version']}",
+        f"CUDA toolkit version: {info['cuda_version'] or '<unavailable - CPU-only build?>'}",
+        f"cuDNN version: {info['cudnn_version'] or '<not available>'}",
+    ]
+    if info["gpus"] is not None:
+        lines.append(f"Number of GPUs: {len(info['gpus'])}")
+        for i, gpu in enumerate(info["gpus"]):
+            major, minor = gpu["compute_capability"]
+            lines.append(f"  GPU {i}: {gpu['name']}")
             lines.append(f"    Compute capability: {major}.{minor} (SM{major}{minor})")
     else:
         lines.append("CUDA: Not available (CPU-only mode)")
-    lines.append(f"PyTorch version: {torch.__version__}")
+    lines.append(f"PyTorch version: {info['torch_version']}")
     lines.append(_SEP)
     return "\n".join(lines) + "\n\n"
+
+
+def _system_info_json(info):
+    """The header as one JSON record (FLASHINFER_LOGFORMAT=json)."""
+    record = {"event": "system_info", "timestamp": round(time.time(), 6), "pid": os.getpid()}
+    return json.dumps(dict(record, **info)) + "\n"
 
 
 def _dump_banner_text(logger):
@@ -245,7 +268,11 @@ def install(namespace, flashinfer_version, attach_trace=None):
     level = logger.level
     if level > 0:
         try:
-            logger.write(_system_info_text(logger, flashinfer_version))
+            info = _system_info(flashinfer_version)
+            if logger.log_format == "json":
+                logger.write(_system_info_json(info))
+            else:
+                logger.write(_system_info_text(logger, info))
         except Exception as e:  # logging must never break the import
             logger.write(f"[LOGGING ERROR in system information]: {e}\n")
     if level >= 10:

@@ -28,14 +28,21 @@ static int start_line(fi_buf *b, int indent, int *indent_first)
     return r;
 }
 
+PyObject *fi_format_text_of(PyObject *obj, int use_repr)
+{
+    PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
+    if (s)
+        return s;
+    PyErr_Clear();
+    return PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(obj)));
+}
+
 /* Appends str(obj) or repr(obj); a raising repr becomes "<TypeName object>". */
 static int put_text(fi_buf *b, PyObject *obj, int use_repr)
 {
-    PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
-    if (!s) {
-        PyErr_Clear();
-        return fi_buf_printf(b, "<%s object>", _PyType_Name(Py_TYPE(obj)));
-    }
+    PyObject *s = fi_format_text_of(obj, use_repr);
+    if (!s)
+        return -1;
     Py_ssize_t n;
     const char *u = PyUnicode_AsUTF8AndSize(s, &n);
     int r;
@@ -57,16 +64,24 @@ static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
-static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int indent_first)
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad)
 {
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
+    if (fi_tensor_from_py(tensor, t) < 0)
         return -1;
     PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
     if (!rg)
         return -1;
-    int requires_grad = PyObject_IsTrue(rg);
+    *requires_grad = PyObject_IsTrue(rg);
     Py_DECREF(rg);
+    return *requires_grad < 0 ? -1 : 0;
+}
+
+static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int indent_first)
+{
+    fi_tensor t;
+    int requires_grad;
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
+        return -1;
     start_line(b, indent, &indent_first);
     fi_buf_puts(b, "Tensor(\n");
     fi_buf_indent(b, indent + 1);

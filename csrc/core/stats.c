@@ -404,29 +404,41 @@ static PyObject *take_exception_text(void)
     return text;
 }
 
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error)
+{
+    int r;
+    *error = NULL;
+    if (known) {
+        memset(out, 0, sizeof(*out));
+        r = stats_of_known(tensor, known, out);
+    } else {
+        r = fi_stats_of_tensor(tensor, out);
+    }
+    if (r == 0)
+        return 0;
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    memset(out, 0, sizeof(*out));
+    *error = take_exception_text();
+    return *error ? 0 : -1;
+}
+
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent)
 {
     fi_stats st;
-    int r;
-    if (known) {
-        memset(&st, 0, sizeof(st));
-        r = stats_of_known(tensor, known, &st);
-    } else {
-        r = fi_stats_of_tensor(tensor, &st);
-    }
-    if (r == 0)
-        return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
+    PyObject *error;
+    if (fi_stats_or_error(tensor, known, &st, &error) < 0)
         return -1;
-    PyObject *text = take_exception_text();
-    const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+    if (!error)
+        return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
+    const char *s = PyUnicode_AsUTF8(error);
     if (!s) {
-        Py_XDECREF(text);
+        Py_DECREF(error);
         return -1;
     }
     fi_buf_indent(buf, indent);
     fi_buf_printf(buf, "[statistics error: %s]\n", s);
-    Py_DECREF(text);
+    Py_DECREF(error);
     if (buf->oom) {
         PyErr_NoMemory();
         return -1;

@@ -24,6 +24,12 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
  * each) and ended by '\n'; nothing for FI_STATS_NONE. Returns -1 on allocation failure. */
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
 
+/* fi_stats_of_tensor (known: the tensor's metadata when the caller read it already, else
+ * NULL); a failure that is an Exception becomes *error (a new str, the exception cleared)
+ * and returns 0 with kind FI_STATS_NONE. -1 with an exception set only for out-of-memory
+ * or a non-Exception error such as KeyboardInterrupt. */
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error);
+
 /* fi_stats_of_tensor then fi_stats_format (known: the tensor's metadata when the caller
  * read it already, else NULL); a failure (an Exception subclass) becomes the
  * line "[statistics error: message]" and is cleared. Returns -1 with an exception set

@@ -7,6 +7,8 @@
 #include "config.h"
 #include "dump.h"
 #include "format.h"
+#include "format_json.h"
+#include "json.h"
 #include "logger.h"
 #include "module.h"
 #include "strbuf.h"
@@ -132,7 +134,15 @@ static void emit_logging_error(fi_logger *lg, const char *name, const char *wher
     }
     fi_buf b;
     fi_buf_init(&b);
-    fi_buf_printf(&b, "[LOGGING ERROR in %s (%s)]: %s\n", name, where, m);
+    if (lg->cfg.log_format == FI_LOG_JSON) {
+        fi_format_json_head(&b, "logging_error", name, -1);
+        fi_buf_printf(&b, ", \"where\": \"%s\", \"message\": ", where);
+        fi_json_str(&b, m, strlen(m));
+        if (fi_format_json_close(&b) < 0)
+            PyErr_Clear();
+    } else {
+        fi_buf_printf(&b, "[LOGGING ERROR in %s (%s)]: %s\n", name, where, m);
+    }
     emit_buf(lg, &b);
     fi_buf_free(&b);
     Py_XDECREF(msg);
@@ -154,6 +164,49 @@ static int provided_by_keyword(PyObject *name, PyObject *kwnames)
             return 1;
     }
     return 0;
+}
+
+/* Appends one defaulted parameter; first is set for the first one of the call. */
+typedef int (*default_put_fn)(fi_buf *b, const char *name, PyObject *value, int level, int first);
+
+/* Calls put for every parameter that has a default and was given neither positionally
+ * nor by keyword (SPEC 3.3), in signature order. Returns how many, or -1. */
+static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kwnames,
+                        default_put_fn put)
+{
+    int count = 0;
+    Py_ssize_t positional_seen = 0;
+    for (Py_ssize_t i = 0; i < w->nparams; i++) {
+        param_info *p = &w->params[i];
+        int positional = p->kind == KIND_POSITIONAL_ONLY || p->kind == KIND_POSITIONAL_OR_KEYWORD;
+        int given = positional && positional_seen < nargs;
+        if (positional)
+            positional_seen++;
+        if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
+            continue;
+        const char *pname = PyUnicode_AsUTF8(p->name);
+        if (!pname || put(b, pname, p->default_value, w->logger->cfg.level, count == 0) < 0)
+            return -1;
+        count++;
+    }
+    return count;
+}
+
+static int text_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+{
+    if (first)
+        fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
+    fi_buf_printf(b, "  %s= [DEFAULT]\n", name);
+    return fi_format_value(b, value, 2, level, 1);
+}
+
+static int json_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+{
+    if (!first)
+        fi_buf_puts(b, ", ");
+    fi_json_str(b, name, strlen(name));
+    fi_buf_puts(b, ": ");
+    return fi_format_json_value(b, value, level);
 }
 
 /* The level-3/5 block written before the call (SPEC 3.3). */
@@ -184,32 +237,97 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         if (fi_format_value(b, args[nargs + i], 2, level, 1) < 0)
             return -1;
     }
-    int header_done = 0;
-    Py_ssize_t positional_seen = 0;
-    for (Py_ssize_t i = 0; i < w->nparams; i++) {
-        param_info *p = &w->params[i];
-        int positional = p->kind == KIND_POSITIONAL_ONLY || p->kind == KIND_POSITIONAL_OR_KEYWORD;
-        int given = positional && positional_seen < nargs;
-        if (positional)
-            positional_seen++;
-        if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
-            continue;
-        if (!header_done) {
-            fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
-            header_done = 1;
-        }
-        const char *pname = PyUnicode_AsUTF8(p->name);
-        if (!pname)
-            return -1;
-        fi_buf_printf(b, "  %s= [DEFAULT]\n", pname);
-        if (fi_format_value(b, p->default_value, 2, level, 1) < 0)
-            return -1;
-    }
+    if (put_defaults(b, w, nargs, kwnames, text_default) < 0)
+        return -1;
     if (b->oom) {
         PyErr_NoMemory();
         return -1;
     }
     return 0;
+}
+
+/* The JSON "call" record of levels 3/5: args, kwargs and defaults, one line. */
+static int json_inputs(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
+                       PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int level = w->logger->cfg.level;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    fi_format_json_head(b, "call", name, call_id);
+    fi_buf_printf(b, ", \"level\": %d, \"args\": [", level);
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (i)
+            fi_buf_puts(b, ", ");
+        if (fi_format_json_value(b, args[i], level) < 0)
+            return -1;
+    }
+    fi_buf_puts(b, "], \"kwargs\": {");
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        Py_ssize_t n;
+        const char *key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(kwnames, i), &n);
+        if (!key)
+            return -1;
+        if (i)
+            fi_buf_puts(b, ", ");
+        fi_json_str(b, key, (size_t)n);
+        fi_buf_puts(b, ": ");
+        if (fi_format_json_value(b, args[nargs + i], level) < 0)
+            return -1;
+    }
+    fi_buf_puts(b, "}, \"defaults\": {");
+    if (put_defaults(b, w, nargs, kwnames, json_default) < 0)
+        return -1;
+    fi_buf_putc(b, '}');
+    return fi_format_json_close(b);
+}
+
+/* The one-line record of level 1 (and of calls the filters keep out of levels 3/5). */
+static void format_call_line(fi_buf *b, fi_logger *lg, const char *name, long long call_id)
+{
+    if (lg->cfg.log_format == FI_LOG_JSON) {
+        fi_format_json_head(b, "call", name, call_id);
+        fi_buf_puts(b, ", \"level\": 1}\n");
+    } else {
+        fi_buf_printf(b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+    }
+}
+
+static int json_output(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
+                       PyObject *result)
+{
+    fi_format_json_head(b, "return", name, call_id);
+    fi_format_json_key(b, "result");
+    if (fi_format_json_value(b, result, w->logger->cfg.level) < 0)
+        return -1;
+    return fi_format_json_close(b);
+}
+
+/* The JSON "exception" record after a call that raised; the exception stays pending. */
+static void emit_json_exception(fi_logger *lg, const char *name, long long call_id)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_format_json_head(&b, "exception", name, call_id);
+    fi_format_json_key(&b, "type");
+    const char *type_name = et ? _PyType_Name((PyTypeObject *)et) : "?";
+    fi_json_str(&b, type_name, strlen(type_name));
+    fi_format_json_key(&b, "message");
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    Py_ssize_t n = 0;
+    const char *m = msg ? PyUnicode_AsUTF8AndSize(msg, &n) : NULL;
+    if (!m)
+        PyErr_Clear();
+    fi_json_str(&b, m ? m : "", m ? (size_t)n : 0);
+    if (fi_format_json_close(&b) == 0)
+        emit_buf(lg, &b);
+    PyErr_Clear();
+    fi_buf_free(&b);
+    Py_XDECREF(msg);
+    if (tb && ev)
+        PyException_SetTraceback(ev, tb);
+    PyErr_Restore(et, ev, tb);
 }
 
 static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
@@ -247,6 +365,8 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         PyErr_Clear();
         name = "<unnamed>";
     }
+    int json = lg->cfg.log_format == FI_LOG_JSON;
+    long long call_id = json ? ++lg->json_call_id : -1;
     int detailed = level >= 3 && fi_config_name_passes(&lg->cfg, name);
     fi_dump_call *dump = NULL;
     fi_buf b;
@@ -256,9 +376,10 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
     }
     if (!detailed) {
-        fi_buf_printf(&b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+        format_call_line(&b, lg, name, call_id);
         emit_buf(lg, &b);
-    } else if (format_inputs(&b, w, name, args, nargs, kwnames) == 0) {
+    } else if ((json ? json_inputs(&b, w, name, call_id, args, nargs, kwnames)
+                     : format_inputs(&b, w, name, args, nargs, kwnames)) == 0) {
         emit_buf(lg, &b);
     } else {
         emit_logging_error(lg, name, "pre-execution");
@@ -270,11 +391,13 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         fi_buf_reset(&b);
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        if (format_output(&b, w, result) == 0)
+        if ((json ? json_output(&b, w, name, call_id, result) : format_output(&b, w, result)) == 0)
             emit_buf(lg, &b);
         else
             emit_logging_error(lg, name, "outputs");
         PyErr_Restore(et, ev, tb);
+    } else if (!result && detailed && json) {
+        emit_json_exception(lg, name, call_id);
     }
     if (dump)
         fi_dump_end(dump, result);
