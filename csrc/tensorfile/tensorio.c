@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "crc32.h"
+#include "crc32_py.h"
 #include "pickle.h"
 #include "ptzip.h"
 #include "safetensors.h"
@@ -309,6 +309,7 @@ static PyMethodDef tensorio_methods[] = {
 
 int fi_tensorio_exec(PyObject *module)
 {
-    fi_crc32_init();
+    if (fi_crc32_exec(module) < 0)
+        return -1;
     return PyModule_AddFunctions(module, tensorio_methods);
 }
