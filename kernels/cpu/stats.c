@@ -305,10 +305,65 @@ ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t ste
         float_acc_add(a, load_f32(p + i * step, kind));
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FI_HAVE_AVX2_ROW 1
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef double f64x4 __attribute__((vector_size(32)));
+
+/* float_row for contiguous float32 (n >= 16) in 256-bit registers, twice the 128-bit
+ * code's speed: the same eight accumulator lanes (lane j takes elements j, j + 8, ...),
+ * added and reduced in the same order, so the statistics are bit-identical. */
+__attribute__((target("avx2"))) static void f32_row_avx2(float_acc *a, const char *p, int64_t n)
+{
+    f32x8 lo = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    f32x8 hi = -lo;
+    f64x4 sum[2] = {{0.0, 0.0, 0.0, 0.0}, {0.0, 0.0, 0.0, 0.0}};
+    int64_t i = 0;
+    while (n - i >= 8) {
+        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)7);
+        i32x8 nan = {0}, inf = {0};
+        for (; i < stop; i += 8) {
+            f32x8 v;
+            memcpy(&v, p + 4 * i, 32);
+            i32x8 is_nan = v != v;
+            lo = (f32x8)(((v < lo) & (i32x8)v) | (~(v < lo) & (i32x8)lo));
+            hi = (f32x8)(((v > hi) & (i32x8)v) | (~(v > hi) & (i32x8)hi));
+            f32x8 clean = (f32x8)((i32x8)v & ~is_nan);
+            sum[0] +=
+                __builtin_convertvector(__builtin_shufflevector(clean, clean, 0, 1, 2, 3), f64x4);
+            sum[1] +=
+                __builtin_convertvector(__builtin_shufflevector(clean, clean, 4, 5, 6, 7), f64x4);
+            nan += is_nan;
+            inf += (f32x8)((i32x8)v & 0x7fffffff) == INFINITY;
+        }
+        for (int j = 0; j < 8; j++) {
+            a->nan -= nan[j];
+            a->inf -= inf[j];
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        for (int j = 4 * k; j < 4 * k + 4; j++) {
+            a->min = lo[j] < a->min ? lo[j] : a->min;
+            a->max = hi[j] > a->max ? hi[j] : a->max;
+        }
+        a->sum += (sum[k][0] + sum[k][1]) + (sum[k][2] + sum[k][3]);
+    }
+    for (; i < n; i++)
+        float_acc_add(a, load_f32(p + i * 4, LOAD_F32));
+}
+#endif
+
 /* Each row function takes a contiguous fast path where the step is the element size,
  * so the compiler sees a constant stride and uses whole-vector loads. */
 static void row_f32(void *a, const char *p, int64_t n, int64_t step)
 {
+#ifdef FI_HAVE_AVX2_ROW
+    if (step == 4 && n >= 16 && __builtin_cpu_supports("avx2")) {
+        f32_row_avx2(a, p, n);
+        return;
+    }
+#endif
     if (step == 4)
         float_row(a, p, n, 4, LOAD_F32);
     else
