@@ -361,3 +361,33 @@ def test_format_tensor_stats_rejects_bad_indent():
         _C.format_tensor_stats(torch.ones(1), -1)
     with pytest.raises(TypeError, match="expected a torch.Tensor, got str"):
         _C.format_tensor_stats("x", 0)
+
+
+def _eight_lane_sum(values):
+    """The C kernel's summation order: lane j adds elements j, j + 8, ... in float64 from
+    zero; the lanes are reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+    then the n % 8 tail is added one by one."""
+    import numpy as np
+
+    body = len(values) // 8 * 8
+    lanes = [0.0] * 8
+    for row in np.asarray(values[:body], dtype=np.float64).reshape(-1, 8):
+        lanes = [s + float(v) for s, v in zip(lanes, row)]
+    total = 0.0
+    total += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    total += (lanes[4] + lanes[5]) + (lanes[6] + lanes[7])
+    for v in values[body:]:
+        total += float(v)
+    return total
+
+
+@pytest.mark.parametrize("n", [16, 17, 23, 1000, 65536 + 8 * 3 + 5])
+def test_contiguous_float32_mean_is_bit_identical_to_the_eight_lane_order(n):
+    """Whatever vector width the CPU offers, the sum keeps one fixed order (so the
+    level-5 text of a tensor never depends on the machine or on how it was passed)."""
+    g = torch.Generator().manual_seed(n)
+    t = torch.randn(n, generator=g) * torch.logspace(-20, 20, n).float()
+    values = t.tolist()
+    got = _C.tensor_stats(t)
+    assert got["mean"] == _eight_lane_sum(values) / n
+    assert (got["min"], got["max"]) == (min(values), max(values))

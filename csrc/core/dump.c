@@ -14,6 +14,7 @@
 #include "dump_encode.h"
 #include "json.h"
 #include "sink.h"
+#include "stats.h"
 #include "strbuf.h"
 #include "tensor.h"
 #include "tensorio.h"
@@ -258,7 +259,7 @@ static int write_record(fi_dump_call *call)
 }
 
 static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
-                                  PyObject *tensors)
+                                  PyObject *tensors, fi_stats_sink sink)
 {
     int st = lg->cfg.safetensors;
     size_t n = strlen(dir) + 32;
@@ -268,15 +269,15 @@ static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *st
         return -1;
     }
     snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
-    Py_ssize_t written =
-        fi_save_tensor_dict(path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH);
+    Py_ssize_t written = fi_save_tensor_dict_stats(
+        path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, sink);
     free(path);
     return written;
 }
 
 static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
 {
-    return save_tensors_at(call->lg, call->dir, stem, tensors);
+    return save_tensors_at(call->lg, call->dir, stem, tensors, NULL);
 }
 
 /* ---------------------------------------------------------------- records */
@@ -469,7 +470,9 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
      * tensors and write them after each replay (flush_graph_dumps) */
     int capturing = lg->force_graph_capture || graph_capturing(&ts);
-    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
+    /* the statistics of the inputs' level-5 text are taken in the same pass (stats.c) */
+    Py_ssize_t written =
+        capturing ? 0 : save_tensors_at(lg, call->dir, "inputs", ts.tensors, fi_stats_remember);
     if (written < 0) {
         rmdir(call->dir);
         goto error;
@@ -490,6 +493,7 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
 error:
     log_dump_error(lg, api->api_name, "inputs");
 skip:
+    fi_stats_forget();
     fi_dump_tensors_free(&ts);
     Py_XDECREF(input_meta);
     if (call)
@@ -586,6 +590,7 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
+    fi_stats_forget(); /* the inputs' log text is written by now */
     int r;
     if (result) {
         r = finish_completed(call, result);
@@ -629,10 +634,10 @@ static int flush_entry(fi_logger *lg, graph_entry *e)
     long long bytes = 0;
     const char *targets[2] = {snap, e->dir};
     for (int i = 0; r == 0 && i < 2; i++) {
-        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", e->inputs);
+        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", e->inputs, NULL);
         Py_ssize_t w2 = 0;
         if (w >= 0 && e->outputs && PyDict_GET_SIZE(e->outputs) > 0)
-            w2 = save_tensors_at(lg, targets[i], "outputs", e->outputs);
+            w2 = save_tensors_at(lg, targets[i], "outputs", e->outputs, NULL);
         if (w < 0 || w2 < 0)
             r = -1;
         else

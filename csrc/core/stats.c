@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tensor.h"
+#include "tensorio.h"
 
 /* ---- torch.Tensor glue -------------------------------------------------------------- */
 
@@ -196,9 +197,74 @@ static int apply_neg_bit(PyObject *tensor, fi_stats *out)
     return 0;
 }
 
+/* ---- statistics a dump took while writing ------------------------------------------- */
+
+/* A level-10 call's input tensors, their data pointers and version counters when the
+ * dump wrote them, and the statistics it took on the way; guarded by the GIL. A tensor
+ * changed since (in place, or by set_) no longer matches, and is read again. */
+#define REMEMBERED_MAX 32
+typedef struct {
+    PyObject *tensor; /* owned, so that the address cannot be reused meanwhile */
+    void *data;
+    long long version;
+    fi_stats stats;
+} remembered_stats;
+
+static remembered_stats remembered[REMEMBERED_MAX];
+static int remembered_count;
+
+/* tensor._version, or -1 (no exception) when it cannot be read. */
+static long long version_of(PyObject *tensor)
+{
+    PyObject *v = PyObject_GetAttrString(tensor, "_version");
+    long long r = v ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    if (r == -1)
+        PyErr_Clear();
+    return r;
+}
+
+void fi_stats_remember(PyObject *tensor, const fi_stats *stats)
+{
+    fi_tensor t;
+    if (remembered_count == REMEMBERED_MAX || fi_tensor_from_py(tensor, &t) < 0) {
+        PyErr_Clear();
+        return;
+    }
+    long long version = version_of(tensor);
+    if (version < 0)
+        return;
+    remembered[remembered_count++] = (remembered_stats){Py_NewRef(tensor), t.data, version, *stats};
+}
+
+void fi_stats_forget(void)
+{
+    while (remembered_count > 0) {
+        remembered_count--; /* first: a finalizer that runs on the decref finds the slot gone */
+        Py_CLEAR(remembered[remembered_count].tensor);
+    }
+}
+
+/* The remembered statistics of tensor (t: its metadata now), if they still hold. */
+static const fi_stats *remembered_for(PyObject *tensor, const fi_tensor *t)
+{
+    for (int i = 0; i < remembered_count; i++) {
+        const remembered_stats *r = &remembered[i];
+        if (r->tensor == tensor && r->data == t->data && r->stats.numel == fi_tensor_numel(t) &&
+            r->version == version_of(tensor))
+            return &r->stats;
+    }
+    return NULL;
+}
+
 /* Reads statistics of a CPU tensor in place. */
 static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *out)
 {
+    const fi_stats *known = remembered_for(tensor, t);
+    if (known) {
+        *out = *known;
+        return 0;
+    }
     int64_t numel = fi_tensor_numel(t);
     int rc;
     if (numel > 0 && numel >= STATS_NOGIL_BYTES / (int64_t)fi_dtype_size(t->dtype)) {
@@ -555,7 +621,39 @@ static PyObject *py_format_tensor_stats(PyObject *module, PyObject *const *args,
     return r;
 }
 
+PyDoc_STRVAR(save_taking_stats_doc,
+             "_save_tensors_taking_stats(path, tensors, safetensors=False, /)\n--\n\n"
+             "save_tensors as a level-10 dump saves a call's inputs: the statistics taken\n"
+             "while writing are what tensor_stats answers until _forget_stats(); returns how\n"
+             "many tensors had them taken. For tests.");
+
+static PyObject *py_save_taking_stats(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *path = NULL, *tensors;
+    int safetensors = 0;
+    if (!PyArg_ParseTuple(args, "O&O!|p:_save_tensors_taking_stats", PyUnicode_FSConverter, &path,
+                          &PyDict_Type, &tensors, &safetensors))
+        return NULL;
+    int before = remembered_count;
+    Py_ssize_t n = fi_save_tensor_dict_stats(PyBytes_AS_STRING(path), tensors,
+                                             safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH,
+                                             fi_stats_remember);
+    Py_DECREF(path);
+    return n < 0 ? NULL : PyLong_FromLong(remembered_count - before);
+}
+
+static PyObject *py_forget_stats(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    fi_stats_forget();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef stats_methods[] = {
+    {"_save_tensors_taking_stats", py_save_taking_stats, METH_VARARGS, save_taking_stats_doc},
+    {"_forget_stats", py_forget_stats, METH_NOARGS, "_forget_stats()\n--\n\nFor tests."},
     {"tensor_stats", (PyCFunction)py_tensor_stats, METH_O, tensor_stats_doc},
     {"format_tensor_stats", (PyCFunction)(void (*)(void))py_format_tensor_stats, METH_FASTCALL,
      format_tensor_stats_doc},

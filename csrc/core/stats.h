@@ -20,6 +20,12 @@
  * Returns -1 with a Python exception set on failure. */
 int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
 
+/* Statistics a level-10 dump took while writing tensor (an fi_stats_sink): until
+ * fi_stats_forget, fi_stats_of_tensor answers with them while the tensor's data pointer
+ * and version counter are unchanged. The dump forgets them when its call ends. */
+void fi_stats_remember(PyObject *tensor, const fi_stats *stats);
+void fi_stats_forget(void);
+
 /* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
  * each) and ended by '\n'; nothing for FI_STATS_NONE. Returns -1 on allocation failure. */
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);

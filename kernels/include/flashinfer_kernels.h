@@ -304,6 +304,17 @@ static inline int fi_dtype_has_stats(fi_dtype d)
  * are invalid. */
 int fi_stats_cpu(const fi_tensor *t, fi_stats *out);
 
+/* fi_stats_cpu of dense memory fed in blocks, so a writer can take the statistics, the
+ * CRC and the write of each cache-sized block while it is hot; the result is
+ * bit-identical to fi_stats_cpu of the whole. Streams exist for float32, float16 and
+ * bfloat16 tensors of 16 elements or more (fi_stats_stream_new gives NULL otherwise, or
+ * when out of memory). Every block but the last holds a multiple of 8 elements, and the
+ * last one's memory stays valid until fi_stats_stream_end, which frees the stream. */
+typedef struct fi_stats_stream fi_stats_stream;
+fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel);
+void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes);
+void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out);
+
 /* out (kind FI_STATS_FLOAT) from the reductions of a float tensor of numel elements: min,
  * max and sum over its non-NaN values and its NaN and Inf counts; min, max and mean are
  * NaN when every value is NaN. */
