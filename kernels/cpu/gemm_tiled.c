@@ -14,6 +14,10 @@
 #define FI_HAVE_AVX2_KERNEL 1
 #endif
 
+/* Loops over arrays of vector registers are unrolled before gcc scalarizes the arrays;
+ * otherwise every accumulator goes through the stack on every k step (half the speed). */
+#define UNROLLED _Pragma("GCC unroll 16")
+
 /* Register tile MR x NR (NR is the micro-kernel's: 16, or 32 with AVX-512), cache tiles
  * MC x NC x KC (the A block stays in L2, one B strip of KC x NR in L1). */
 enum { MR = 6, NR = 16, NR_MAX = 32, MC = 120, NC = 512, KC = 256 };
@@ -41,6 +45,7 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const flo
                                                            const float *b, float *c, int64_t ldc)
 {
     __m256 c0[MR], c1[MR];
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         c0[r] = _mm256_setzero_ps();
         c1[r] = _mm256_setzero_ps();
@@ -49,12 +54,14 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const flo
         __m256 b0 = _mm256_loadu_ps(b + kk * NR);
         __m256 b1 = _mm256_loadu_ps(b + kk * NR + 8);
         const float *ak = a + kk * MR;
+        UNROLLED
         for (int r = 0; r < MR; r++) {
             __m256 ar = _mm256_broadcast_ss(ak + r);
             c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
             c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
         }
     }
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         float *cr = c + r * ldc;
         _mm256_storeu_ps(cr, _mm256_add_ps(_mm256_loadu_ps(cr), c0[r]));
@@ -67,6 +74,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
                                                             const float *b, float *c, int64_t ldc)
 {
     __m512 c0[MR], c1[MR];
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         c0[r] = _mm512_setzero_ps();
         c1[r] = _mm512_setzero_ps();
@@ -75,12 +83,14 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
         __m512 b0 = _mm512_loadu_ps(b + kk * NR_MAX);
         __m512 b1 = _mm512_loadu_ps(b + kk * NR_MAX + 16);
         const float *ak = a + kk * MR;
+        UNROLLED
         for (int r = 0; r < MR; r++) {
             __m512 ar = _mm512_set1_ps(ak[r]);
             c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
             c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
         }
     }
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         float *cr = c + r * ldc;
         _mm512_storeu_ps(cr, _mm512_add_ps(_mm512_loadu_ps(cr), c0[r]));
@@ -283,15 +293,18 @@ __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;
         const float *ar[4];
+        UNROLLED
         for (int r = 0; r < 4; r++)
             ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
         __m256 lo[4], hi[4];
+        UNROLLED
         for (int r = 0; r < 4; r++) {
             lo[r] = _mm256_setzero_ps();
             hi[r] = _mm256_setzero_ps();
         }
         for (int64_t kk = 0; kk < kp; kk += LANES) {
             __m256 b0 = _mm256_loadu_ps(b + kk), b1 = _mm256_loadu_ps(b + kk + 8);
+            UNROLLED
             for (int r = 0; r < 4; r++) {
                 lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk), b0, lo[r]);
                 hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk + 8), b1, hi[r]);
@@ -312,10 +325,12 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;
         const float *ar[4];
+        UNROLLED
         for (int r = 0; r < 4; r++)
             ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
         /* two accumulators per row over alternate k-steps hide the FMA latency */
         __m512 c0[4], c1[4];
+        UNROLLED
         for (int r = 0; r < 4; r++) {
             c0[r] = _mm512_setzero_ps();
             c1[r] = _mm512_setzero_ps();
@@ -323,6 +338,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
         int64_t kk = 0;
         for (; kk + 2 * LANES <= kp; kk += 2 * LANES) {
             __m512 b0 = _mm512_loadu_ps(b + kk), b1 = _mm512_loadu_ps(b + kk + LANES);
+            UNROLLED
             for (int r = 0; r < 4; r++) {
                 c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
                 c1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk + LANES), b1, c1[r]);
@@ -330,6 +346,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
         }
         if (kk < kp) {
             __m512 b0 = _mm512_loadu_ps(b + kk);
+            UNROLLED
             for (int r = 0; r < 4; r++)
                 c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
         }
