@@ -12,6 +12,9 @@
 #define FI_HAVE_AVX2_BLOCK 1
 #define FI_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+/* Loops over arrays of vector registers are unrolled before gcc scalarizes the arrays;
+ * otherwise the accumulators can go through the stack on every step. */
+#define UNROLLED _Pragma("GCC unroll 16")
 #endif
 
 /* ---- portable ------------------------------------------------------------------ */
@@ -217,71 +220,118 @@ FI_AVX2_INLINE __m256 load8(const void *row, fi_dtype dtype, int64_t i)
     }
 }
 
-/* The four sums of a[0..3] side by side. */
-FI_AVX2_INLINE __m128 sum4(const __m256 a[4])
+/* The four sums of a, b, c, e side by side. */
+FI_AVX2_INLINE __m128 sum4(__m256 a, __m256 b, __m256 c, __m256 e)
 {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, e));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* vt query rows against FI_SCORE_KEYS key rows: 4 * vt accumulators, each key octet
- * (widened in registers) feeding vt FMAs; one horizontal reduction per four scores. A
- * single row keeps two accumulators per key, over alternate octets, so eight FMA chains
- * are in flight (four would wait on the FMA latency). */
-FI_AVX2_INLINE void scores_tile(int vt, fi_dtype dtype, const float *q, const void *const *k,
-                                int64_t d, float *s, int64_t lds)
+/* Score tiles: vt query rows x kt key rows, vt * kt <= 12 accumulators (or vt <= 8 with
+ * one key). Every key octet is widened once per tile and feeds vt FMAs, so tiles are as
+ * tall as the rows allow: on this class of CPU widening f16 costs FMA-port time. A 1 x 4
+ * tile keeps a second accumulator per key over alternate octets: eight FMA chains, not
+ * four waiting on the FMA latency. */
+FI_AVX2_INLINE void scores_tile(int vt, int kt, fi_dtype dtype, const float *q,
+                                const void *const *k, int64_t d, float *s, int64_t lds)
 {
-    enum { K = FI_SCORE_KEYS };
-    __m256 acc[3][K], alt[K];
-    for (int j = 0; j < K; j++) {
+    __m256 acc[8][4], alt[4];
+    UNROLLED
+    for (int v = 0; v < vt; v++)
+        UNROLLED
+    for (int j = 0; j < kt; j++)
+        acc[v][j] = _mm256_setzero_ps();
+    UNROLLED
+    for (int j = 0; j < 4; j++)
         alt[j] = _mm256_setzero_ps();
-        for (int v = 0; v < vt; v++)
-            acc[v][j] = _mm256_setzero_ps();
-    }
-    for (int64_t i = 0; i < d; i += vt == 1 ? 16 : 8) {
-        __m256 qv[3];
-        for (int v = 0; v < vt; v++)
-            qv[v] = _mm256_loadu_ps(q + v * d + i);
-        for (int j = 0; j < K; j++) {
+    int pair = vt == 1; /* two octets a step */
+    for (int64_t i = 0; i < d; i += pair ? 16 : 8) {
+        UNROLLED
+        for (int j = 0; j < kt; j++) {
             __m256 kj = load8(k[j], dtype, i);
+            UNROLLED
             for (int v = 0; v < vt; v++)
-                acc[v][j] = _mm256_fmadd_ps(qv[v], kj, acc[v][j]);
+                acc[v][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + v * d + i), kj, acc[v][j]);
         }
-        if (vt == 1) {
+        if (pair) {
             __m256 q1 = _mm256_loadu_ps(q + i + 8);
-            for (int j = 0; j < K; j++)
+            UNROLLED
+            for (int j = 0; j < kt; j++)
                 alt[j] = _mm256_fmadd_ps(q1, load8(k[j], dtype, i + 8), alt[j]);
         }
     }
-    if (vt == 1)
-        for (int j = 0; j < K; j++)
-            acc[0][j] = _mm256_add_ps(acc[0][j], alt[j]);
+    if (pair)
+        UNROLLED
+    for (int j = 0; j < kt; j++)
+        acc[0][j] = _mm256_add_ps(acc[0][j], alt[j]);
+    /* horizontal sums, four accumulators at a time, in (v, j) order */
+    float sums[32];
+    int n = vt * kt;
+    UNROLLED
+    for (int a = 0; a < n; a += 4) {
+        __m256 x[4];
+        UNROLLED
+        for (int b = 0; b < 4; b++)
+            x[b] = a + b < n ? acc[(a + b) / kt][(a + b) % kt] : _mm256_setzero_ps();
+        _mm_storeu_ps(sums + a, sum4(x[0], x[1], x[2], x[3]));
+    }
+    UNROLLED
     for (int v = 0; v < vt; v++)
-        _mm_storeu_ps(s + v * lds, sum4(acc[v]));
+        UNROLLED
+    for (int j = 0; j < kt; j++)
+        s[v * lds + j] = sums[v * kt + j];
 }
 
-/* Query vectors in tiles of three, two or one, never leaving a single one when a split
- * into twos keeps eight accumulator chains busy (4 = 2 + 2, 7 = 3 + 2 + 2). */
-FI_AVX2_INLINE int64_t next_tile(int64_t left)
+/* The tile shape for nv query rows (narrow: the rows are widened in registers). Widened
+ * float32 rows cost nothing to reload, so they keep 3 x 4 tiles, the best for loads. */
+typedef struct {
+    int vt, kt;
+} tile_shape;
+
+FI_AVX2_INLINE tile_shape score_shape(int64_t nv, int narrow)
 {
-    return left == 4 || left == 2 ? 2 : left == 1 ? 1 : 3;
+    if (!narrow || nv == 3 || nv > 8)
+        return (tile_shape){nv == 1 ? 1 : nv == 2 ? 2 : 3, 4};
+    if (nv >= 5)
+        return (tile_shape){(int)nv, 1};
+    return (tile_shape){(int)nv, nv == 4 ? 2 : 4};
+}
+
+/* One call per tile shape, so each is compiled with its loops unrolled. */
+FI_AVX2_INLINE void scores_any(tile_shape t, fi_dtype dtype, const float *q, const void *const *k,
+                               int64_t d, float *s, int64_t lds)
+{
+#define SCORES_SHAPE(V, K)                                                                         \
+    if (t.vt == V && t.kt == K) {                                                                  \
+        scores_tile(V, K, dtype, q, k, d, s, lds);                                                 \
+        return;                                                                                    \
+    }
+    SCORES_SHAPE(3, 4)
+    SCORES_SHAPE(2, 4)
+    SCORES_SHAPE(1, 4)
+    SCORES_SHAPE(4, 2)
+    SCORES_SHAPE(5, 1)
+    SCORES_SHAPE(6, 1)
+    SCORES_SHAPE(7, 1)
+    SCORES_SHAPE(8, 1)
+#undef SCORES_SHAPE
 }
 
 FI_AVX2_INLINE void scores_rows(fi_dtype dtype, const float *q, int64_t nv, const void *const *k,
                                 int64_t nb, int64_t d, float *s, int64_t lds)
 {
-    for (int64_t j = 0; j < nb; j += FI_SCORE_KEYS)
-        for (int64_t v = 0, vt; v < nv; v += vt) {
-            vt = next_tile(nv - v);
-            if (vt == 3)
-                scores_tile(3, dtype, q + v * d, k + j, d, s + v * lds + j, lds);
-            else if (vt == 2)
-                scores_tile(2, dtype, q + v * d, k + j, d, s + v * lds + j, lds);
-            else
-                scores_tile(1, dtype, q + v * d, k + j, d, s + v * lds + j, lds);
+    int narrow = dtype != FI_DTYPE_F32;
+    tile_shape whole = score_shape(nv, narrow);
+    for (int64_t j = 0; j < nb; j += whole.kt)
+        for (int64_t v = 0; v < nv;) {
+            tile_shape t = score_shape(nv - v, narrow);
+            t.kt = whole.kt; /* the remainder keeps the key step */
+            if (t.vt * t.kt > 12)
+                t.vt = 12 / t.kt;
+            scores_any(t, dtype, q + v * d, k + j, d, s + v * lds + j, lds);
+            v += t.vt;
         }
 }
-
 FI_AVX2 static void scores_avx2(const float *q, int64_t nv, const void *const *k, fi_dtype dtype,
                                 int64_t nb, int64_t d, float *s, int64_t lds)
 {
@@ -304,64 +354,92 @@ FI_AVX2 static void scores_avx2(const float *q, int64_t nv, const void *const *k
     }
 }
 
-/* vt output rows x 32 columns kept in registers over all nb value rows; a single row
- * alternates between two accumulator sets over the keys (eight FMA chains). */
-FI_AVX2_INLINE void accumulate_tile(int vt, fi_dtype dtype, const float *p, int64_t ldp,
+/* vt output rows x ot octets of columns kept in registers over all nb value rows, every
+ * value octet widened once per tile and feeding vt FMAs (shapes as for the scores); a
+ * single row alternates between two accumulator sets over the keys. */
+FI_AVX2_INLINE void accumulate_tile(int vt, int ot, fi_dtype dtype, const float *p, int64_t ldp,
                                     const float *corr, const void *const *vals, int64_t c,
                                     int64_t nb, int64_t d, float *o)
 {
-    __m256 acc[3][4], alt[4];
+    __m256 acc[8][4], alt[4];
+    UNROLLED
     for (int e = 0; e < 4; e++)
         alt[e] = _mm256_setzero_ps();
+    UNROLLED
     for (int v = 0; v < vt; v++) {
         __m256 cv = _mm256_set1_ps(corr[v]);
-        for (int e = 0; e < 4; e++)
+        UNROLLED
+        for (int e = 0; e < ot; e++)
             acc[v][e] = _mm256_mul_ps(_mm256_loadu_ps(o + v * d + 8 * e), cv);
     }
+    int pair = vt == 1;
     int64_t j = 0;
-    for (; j + (vt == 1) < nb; j += vt == 1 ? 2 : 1) {
-        __m256 pj[3];
-        for (int v = 0; v < vt; v++)
-            pj[v] = _mm256_broadcast_ss(p + v * ldp + j);
-        for (int e = 0; e < 4; e++) {
+    for (; j + pair < nb; j += 1 + pair) {
+        UNROLLED
+        for (int e = 0; e < ot; e++) {
             __m256 x = load8(vals[j], dtype, c + 8 * e);
+            UNROLLED
             for (int v = 0; v < vt; v++)
-                acc[v][e] = _mm256_fmadd_ps(pj[v], x, acc[v][e]);
+                acc[v][e] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + v * ldp + j), x, acc[v][e]);
         }
-        if (vt == 1) {
+        if (pair) {
             __m256 p1 = _mm256_broadcast_ss(p + j + 1);
-            for (int e = 0; e < 4; e++)
+            UNROLLED
+            for (int e = 0; e < ot; e++)
                 alt[e] = _mm256_fmadd_ps(p1, load8(vals[j + 1], dtype, c + 8 * e), alt[e]);
         }
     }
-    if (j < nb) { /* a single row's odd last key */
-        __m256 pj = _mm256_broadcast_ss(p + j);
-        for (int e = 0; e < 4; e++)
-            acc[0][e] = _mm256_fmadd_ps(pj, load8(vals[j], dtype, c + 8 * e), acc[0][e]);
-    }
-    if (vt == 1)
-        for (int e = 0; e < 4; e++)
-            acc[0][e] = _mm256_add_ps(acc[0][e], alt[e]);
+    if (j < nb) /* a single row's odd last key */
+        UNROLLED
+    for (int e = 0; e < ot; e++)
+        acc[0][e] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load8(vals[j], dtype, c + 8 * e),
+                                    acc[0][e]);
+    if (pair)
+        UNROLLED
+    for (int e = 0; e < ot; e++)
+        acc[0][e] = _mm256_add_ps(acc[0][e], alt[e]);
+    UNROLLED
     for (int v = 0; v < vt; v++)
-        for (int e = 0; e < 4; e++)
-            _mm256_storeu_ps(o + v * d + 8 * e, acc[v][e]);
+        UNROLLED
+    for (int e = 0; e < ot; e++)
+        _mm256_storeu_ps(o + v * d + 8 * e, acc[v][e]);
 }
 
+FI_AVX2_INLINE void accumulate_any(tile_shape t, fi_dtype dtype, const float *p, int64_t ldp,
+                                   const float *corr, const void *const *vals, int64_t c,
+                                   int64_t nb, int64_t d, float *o)
+{
+#define ACCUMULATE_SHAPE(V, E)                                                                     \
+    if (t.vt == V && t.kt == E) {                                                                  \
+        accumulate_tile(V, E, dtype, p, ldp, corr, vals, c, nb, d, o);                             \
+        return;                                                                                    \
+    }
+    ACCUMULATE_SHAPE(3, 4)
+    ACCUMULATE_SHAPE(2, 4)
+    ACCUMULATE_SHAPE(1, 4)
+    ACCUMULATE_SHAPE(4, 2)
+    ACCUMULATE_SHAPE(5, 1)
+    ACCUMULATE_SHAPE(6, 1)
+    ACCUMULATE_SHAPE(7, 1)
+    ACCUMULATE_SHAPE(8, 1)
+#undef ACCUMULATE_SHAPE
+}
+
+/* Shapes as score_shape gives them, with kt read as octets of columns. */
 FI_AVX2_INLINE void accumulate_rows(fi_dtype dtype, const float *p, int64_t ldp, int64_t nv,
                                     const float *corr, const void *const *vals, int64_t nb,
                                     int64_t d, float *o)
 {
-    for (int64_t c = 0; c < d; c += 32)
-        for (int64_t v = 0, vt; v < nv; v += vt) {
-            vt = next_tile(nv - v);
-            const float *pv = p + v * ldp;
-            float *ov = o + v * d + c;
-            if (vt == 3)
-                accumulate_tile(3, dtype, pv, ldp, corr + v, vals, c, nb, d, ov);
-            else if (vt == 2)
-                accumulate_tile(2, dtype, pv, ldp, corr + v, vals, c, nb, d, ov);
-            else
-                accumulate_tile(1, dtype, pv, ldp, corr + v, vals, c, nb, d, ov);
+    int narrow = dtype != FI_DTYPE_F32;
+    tile_shape whole = score_shape(nv, narrow);
+    for (int64_t c = 0; c < d; c += 8 * whole.kt)
+        for (int64_t v = 0; v < nv;) {
+            tile_shape t = score_shape(nv - v, narrow);
+            t.kt = whole.kt;
+            if (t.vt * t.kt > 12)
+                t.vt = 12 / t.kt;
+            accumulate_any(t, dtype, p + v * ldp, ldp, corr + v, vals, c, nb, d, o + v * d + c);
+            v += t.vt;
         }
 }
 
