@@ -9,9 +9,10 @@
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(FI_PORTABLE_ONLY)
 #include <immintrin.h>
-#define FI_HAVE_AVX2_QUANTIZE 1
+#define FI_HAVE_AVX2 1
 #define FI_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#define UNROLLED _Pragma("GCC unroll 8")
 #endif
 
 /* UE8M0 code of the smallest power of two >= v (round toward +inf, as the MX
@@ -125,7 +126,7 @@ static void quantize_row(const fi_fp4_quantize_params *p, const scale_table *t, 
     }
 }
 
-#ifdef FI_HAVE_AVX2_QUANTIZE
+#ifdef FI_HAVE_AVX2
 /* Eight contiguous elements as float32. */
 FI_AVX2_INLINE __m256 load8_f32(const void *src, fi_dtype dtype)
 {
@@ -293,7 +294,7 @@ static void *quantize_rows(void *arg)
 {
     const quantize_range *qr = arg;
     const fi_fp4_quantize_params *p = qr->p;
-#ifdef FI_HAVE_AVX2_QUANTIZE
+#ifdef FI_HAVE_AVX2
     if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
         for (int64_t r = qr->r0; r < qr->r1; r++)
             quantize_row_avx2(p, qr->table, qr->gsf, r);
@@ -341,6 +342,7 @@ typedef struct {
     const fi_gemm_fp4_params *p;
     int64_t kblocks;
     int simd; /* AVX-512 decoding of contiguous lines */
+    int avx2; /* AVX2 decoding of contiguous lines (block size a multiple of 16) */
     float pair[256][2];
     float scale[256];
     float value[16];
@@ -373,6 +375,110 @@ dequant_contig_avx512(const float *value, const float *scale, const uint8_t *src
 }
 #endif
 
+#ifdef FI_HAVE_AVX2
+/* Sixteen E2M1 values (8 bytes, element 2j in the low nibble) in element order. Every
+ * E2M1 value is a float32 whose low 16 bits are zero: two byte lookups (vpshufb) give
+ * the high 16 bits, sign included; no lane-crossing shuffles (slow on some AVX2 cores). */
+FI_AVX2_INLINE void e2m1x16(const uint8_t *src, __m256 *first, __m256 *second)
+{
+    const __m128i top =
+        _mm_setr_epi8(0x00, 0x3f, 0x3f, 0x3f, 0x40, 0x40, 0x40, 0x40, (char)0x80, (char)0xbf,
+                      (char)0xbf, (char)0xbf, (char)0xc0, (char)0xc0, (char)0xc0, (char)0xc0);
+    const __m128i next =
+        _mm_setr_epi8(0x00, 0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0, 0x00,
+                      0x00, (char)0x80, (char)0xc0, 0x00, 0x40, (char)0x80, (char)0xc0);
+    __m128i bytes = _mm_loadl_epi64((const __m128i *)src);
+    __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, _mm_set1_epi8(15)),
+                                      _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15)));
+    __m128i lo = _mm_shuffle_epi8(next, codes), hi = _mm_shuffle_epi8(top, codes);
+    __m128i w0 = _mm_unpacklo_epi8(lo, hi), w1 = _mm_unpackhi_epi8(lo, hi);
+    *first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w0), 16));
+    *second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w1), 16));
+}
+
+/* The contiguous case of dequant_line on AVX2 (the same products as the tables give). */
+FI_AVX2 static void dequant_contig_avx2(const fp4_ctx *c, const uint8_t *src, const uint8_t *sf,
+                                        fi_sf_layout layout, int64_t line, int64_t k0, int64_t kc,
+                                        float *dst)
+{
+    int64_t bs = c->p->block_size;
+    for (int64_t kk = 0; kk < kc; kk += bs) {
+        int64_t kg = k0 + kk;
+        __m256 s = _mm256_set1_ps(c->scale[sf[fi_sf_offset(line, kg / bs, c->kblocks, layout)]]);
+        for (int64_t e = 0; e < bs; e += 16) {
+            __m256 v0, v1;
+            e2m1x16(src + (kg + e) / 2, &v0, &v1);
+            _mm256_storeu_ps(dst + kk + e, _mm256_mul_ps(v0, s));
+            _mm256_storeu_ps(dst + kk + e + 8, _mm256_mul_ps(v1, s));
+        }
+    }
+}
+
+/* Column j of B (contiguous codes) against up to eight rows of a, every 16 values widened
+ * once for all rows; up to four rows keep two accumulators a row (eight FMA chains). */
+FI_AVX2_INLINE void fp4_dot_column(int rows, const fp4_ctx *c, int64_t j, const float *a,
+                                   int64_t lda, float *out)
+{
+    const fi_gemm_fp4_params *p = c->p;
+    const uint8_t *src = (const uint8_t *)p->b.data + j * p->b.stride[1];
+    int64_t bs = p->block_size, k = c->kblocks * bs;
+    int64_t next = j + 1 < p->b.shape[1] ? p->b.stride[1] : 0;
+    __m256 acc[8][2];
+    UNROLLED
+    for (int r = 0; r < 8; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < k; k0 += bs) {
+        if (next && k0 % 128 == 0)
+            __builtin_prefetch(src + next + k0 / 2);
+        __m256 s =
+            _mm256_set1_ps(c->scale[p->b_sf[fi_sf_offset(j, k0 / bs, c->kblocks, p->b_sf_layout)]]);
+        for (int64_t e = k0; e < k0 + bs; e += 16) {
+            __m256 v0, v1;
+            e2m1x16(src + e / 2, &v0, &v1);
+            v0 = _mm256_mul_ps(v0, s);
+            v1 = _mm256_mul_ps(v1, s);
+            UNROLLED
+            for (int r = 0; r < rows; r++) {
+                int alt = rows <= 4;
+                acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + e), v0, acc[r][0]);
+                acc[r][alt] =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + e + 8), v1, acc[r][alt]);
+            }
+        }
+    }
+    UNROLLED
+    for (int r = 0; r < rows; r++) {
+        __m256 v = _mm256_add_ps(acc[r][0], acc[r][1]);
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        out[r] = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+    }
+}
+
+/* fi_tiled_gemm's dot_b for a B whose codes run along k (b.stride[0] == 1). */
+FI_AVX2 static void fp4_dot_b_avx2(const void *ctx, int64_t bi, int64_t j, const float *a,
+                                   int64_t lda, int64_t m, float *out)
+{
+    (void)bi;
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+        int64_t rows = m - r0 < 8 ? m - r0 : 8;
+        const float *ar = a + r0 * lda;
+#define FP4_DOT_ROWS(R)                                                                            \
+    if (rows == R)                                                                                 \
+        fp4_dot_column(R, (const fp4_ctx *)ctx, j, ar, lda, out + r0);
+        FP4_DOT_ROWS(1)
+        FP4_DOT_ROWS(2)
+        FP4_DOT_ROWS(3)
+        FP4_DOT_ROWS(4)
+        FP4_DOT_ROWS(5)
+        FP4_DOT_ROWS(6)
+        FP4_DOT_ROWS(7)
+        FP4_DOT_ROWS(8)
+#undef FP4_DOT_ROWS
+    }
+}
+#endif
+
 /* dst[0..kc) = the E2M1 codes of one row (a) or column (b) times their block scales:
  * bytes src[0], src[sk], ...; scales sf[offset(line, block)]. */
 static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const uint8_t *sf,
@@ -384,6 +490,12 @@ static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const
     if (sk == 1 && c->simd) {
         dequant_contig_avx512(c->value, c->scale, src, sf, layout, p, c->kblocks, line, k0, kc,
                               dst);
+        return;
+    }
+#endif
+#ifdef FI_HAVE_AVX2
+    if (sk == 1 && c->avx2) {
+        dequant_contig_avx2(c, src, sf, layout, line, k0, kc, dst);
         return;
     }
 #endif
@@ -435,8 +547,15 @@ int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)
     }
     for (int v = 0; v < 16; v++)
         ctx.value[v] = fi_e2m1_to_f32((uint8_t)v);
+    void (*dot_b)(const void *, int64_t, int64_t, const float *, int64_t, int64_t, float *) = NULL;
 #ifdef FI_HAVE_SIMD_DECODE
     ctx.simd = __builtin_cpu_supports("avx512f") && p->block_size % 16 == 0;
+#endif
+#ifdef FI_HAVE_AVX2
+    ctx.avx2 =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && p->block_size % 16 == 0;
+    if (ctx.avx2 && p->b.stride[0] == 1)
+        dot_b = fp4_dot_b_avx2;
 #endif
     fi_tiled_gemm g = {
         .batch = 1,
@@ -445,6 +564,7 @@ int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)
         .k = k,
         .row_a = row_a,
         .col_b = col_b,
+        .dot_b = dot_b,
         .ctx = &ctx,
         .scale = p->alpha ? *p->alpha : 1.0f,
         .out = p->out,

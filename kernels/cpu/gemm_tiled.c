@@ -118,7 +118,7 @@ static micro_fn pick_micro(int *nr)
  * strip); each B k-block is dequantized and packed once per unit and reused by every MC
  * tile of the chunk. Small m (<= SMALL_M): a unit is (batch, run of cols_per_unit
  * columns), B is walked once and dotted against the dequantized rows of A. */
-enum { MB_MAX = 8 * MC, SMALL_M = 16, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
+enum { MB_MAX = 8 * MC, SMALL_M = FI_TILED_SMALL_M, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
 
 typedef struct {
     const fi_tiled_gemm *g;
@@ -386,6 +386,15 @@ static void run_small(shared_state *st, int64_t t, scratch *s, small_dot_fn dot)
             memset(ar + g->k, 0, (size_t)(kp - g->k) * sizeof(float));
         }
         s->a_batch = bi;
+    }
+    if (g->dot_b) { /* the caller widens B in registers: one pass down each column */
+        float out[SMALL_M];
+        for (int64_t j = j0; j < j0 + cols; j++) {
+            g->dot_b(g->ctx, bi, j, s->ap, kp, g->m, out);
+            for (int64_t r = 0; r < g->m; r++)
+                store_value(g, (bi * g->m + r) * g->n + j, out[r]);
+        }
+        return;
     }
     /* SMALL_NJ neighbouring columns share each k-chunk, so B is read in longer runs */
     float acc[SMALL_NJ][SMALL_M][LANES];
