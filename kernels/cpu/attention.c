@@ -10,10 +10,10 @@
 #include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
-#define KV_BLOCK 32     /* keys widened to f32 at a time */
+#define KV_BLOCK 32     /* keys per online-softmax step */
 #define TILE_VECTORS 64 /* query vectors (rows x heads in a group) per task, at least */
 #define SPLIT_TASKS 64  /* decode: keys are split until a call has about this many tasks */
-#define SPLIT_MIN_KEYS (8 * KV_BLOCK)
+#define SPLIT_MIN_KEYS (8 * KV_BLOCK) /* shortest chunk a split leaves */
 #define NARROW_MAX_VECTORS 8 /* query vectors per head up to which KV is not widened first */
 #define LOG2E 1.4426950408889634f
 
@@ -40,8 +40,7 @@ typedef struct {
     float *acc;          /* [vectors][D] */
     float *m, *l, *corr; /* [vectors] running max, sum, this block's rescale */
     float *s;            /* [vectors][KV_ROWS] scores, then probabilities */
-    float *kf;           /* [KV_ROWS][D] keys as f32 (rows past the block are zero) */
-    float *vf;           /* [KV_BLOCK][D] values as f32 */
+    float *kf, *vf;      /* [KV_BLOCK][D] keys (rotated) and values widened to f32 */
     float *freq;         /* [D / 2] RoPE frequencies */
     float *zero_row;     /* [D] zeros: the key rows that pad a block */
     int widen;           /* this task's KV goes through kf and vf */
@@ -414,7 +413,7 @@ static int scratch_init(scratch *sc, const job *jb)
     sc->l = alloc_floats(nv);
     sc->corr = alloc_floats(nv);
     sc->s = alloc_floats(nv * KV_ROWS);
-    sc->kf = alloc_floats(KV_ROWS * d);
+    sc->kf = alloc_floats(KV_BLOCK * d);
     sc->vf = alloc_floats(KV_BLOCK * d);
     sc->freq = alloc_floats(d / 2 + 1);
     sc->zero_row = alloc_floats(d);

@@ -348,7 +348,7 @@ typedef struct {
     float value[16];
 } fp4_ctx;
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FI_PORTABLE_ONLY)
 #include <immintrin.h>
 #define FI_HAVE_SIMD_DECODE 1
 

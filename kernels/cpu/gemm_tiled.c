@@ -9,7 +9,7 @@
 
 #include "fi_numeric.h"
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FI_PORTABLE_ONLY)
 #include <immintrin.h>
 #define FI_HAVE_AVX2_KERNEL 1
 #endif
