@@ -126,27 +126,15 @@ static void block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head,
     }
 }
 
-/* Asks for rows the next block will read: one head's rows are short runs far apart
- * (often two per 4 KiB page), which the hardware prefetchers do not follow. */
-static void prefetch_rows(const char *const *rows, int64_t nb, int64_t bytes)
-{
-    for (int64_t j = 0; j < nb; j++)
-        for (int64_t at = 0; at < bytes; at += 64)
-            __builtin_prefetch(rows[j] + at);
-}
-
 /* The rows the block kernels read for keys [j0, j0 + nb) of one kv head: the cache's own
  * rows when the kernels widen as they go, else rows widened (and rotated) into kf and vf.
- * krow is padded to KV_ROWS with the zero row. Prefetches the head's next next_nb rows. */
+ * krow is padded to KV_ROWS with the zero row. */
 static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_head, int64_t j0,
-                              int64_t nb, int64_t next_nb, const void **krow, const void **vrow)
+                              int64_t nb, const void **krow, const void **vrow)
 {
     const fi_attention_params *p = jb->p;
-    int64_t d = p->head_dim, bytes = d * (int64_t)fi_dtype_size(p->kv_dtype);
+    int64_t d = p->head_dim;
     const char *k[KV_BLOCK], *v[KV_BLOCK];
-    block_rows(p, b, kv_head, j0 + nb, next_nb, k, v);
-    prefetch_rows(k, next_nb, bytes);
-    prefetch_rows(v, next_nb, bytes);
     block_rows(p, b, kv_head, j0, nb, k, v);
     for (int64_t j = nb; j < KV_ROWS; j++)
         krow[j] = sc->zero_row;
@@ -167,6 +155,22 @@ static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_
         vrow[j] = vr;
     }
     return FI_DTYPE_F32;
+}
+
+/* The K and V rows of the same head's next block, for the kernels to prefetch as they go:
+ * one head's rows are short runs far apart, which the hardware prefetchers miss. */
+typedef struct {
+    const char *k[KV_BLOCK], *v[KV_BLOCK];
+    fi_row_prefetch kpf, vpf;
+} next_rows;
+
+static void next_block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head, int64_t j0,
+                            int64_t nb, next_rows *nr)
+{
+    int64_t bytes = p->head_dim * (int64_t)fi_dtype_size(p->kv_dtype);
+    block_rows(p, b, kv_head, j0, nb, nr->k, nr->v);
+    nr->kpf = (fi_row_prefetch){nr->k, nb, bytes};
+    nr->vpf = (fi_row_prefetch){nr->v, nb, bytes};
 }
 
 /* Scores of one query vector against the block, in place: hidden keys -inf, soft cap. */
@@ -212,7 +216,7 @@ static void softmax_block(const fi_attention_block_ops *ops, scratch *sc, int64_
  * first vector. */
 static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, int64_t qo_len,
                          int64_t kv_len, int64_t j0, int64_t nb, const void *const *krow,
-                         const void *const *vrow, fi_dtype row_dtype)
+                         const void *const *vrow, fi_dtype row_dtype, const next_rows *next)
 {
     const fi_attention_params *p = jb->p;
     int64_t d = p->head_dim, g = jb->group, ra = -1, rb = -1;
@@ -227,7 +231,7 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
     if (ra < 0)
         return;
     int64_t va = v0 + ra * g, nv = (rb - ra) * g;
-    jb->ops->scores(sc->qf + va * d, nv, krow, row_dtype, nb, d, sc->s, KV_ROWS);
+    jb->ops->scores(sc->qf + va * d, nv, krow, row_dtype, nb, d, sc->s, KV_ROWS, &next->kpf);
     for (int64_t r = ra; r < rb; r++) {
         int64_t row = t->row0 + r, lo, hi;
         visible_range(p, row, qo_len, kv_len, &lo, &hi);
@@ -240,8 +244,8 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
             softmax_block(jb->ops, sc, vec, s, nb);
         }
     }
-    jb->ops->accumulate(sc->s, KV_ROWS, nv, sc->corr + va, vrow, row_dtype, nb, d,
-                        sc->acc + va * d);
+    jb->ops->accumulate(sc->s, KV_ROWS, nv, sc->corr + va, vrow, row_dtype, nb, d, sc->acc + va * d,
+                        &next->vpf);
 }
 
 /* The softmax's last step for one query vector: o = acc / l (times the V scale) and the
@@ -359,9 +363,14 @@ static void run_task(job *jb, scratch *sc, const task *t)
         int64_t after = end - (j0 + nb);
         for (int64_t h = 0; h < t->heads; h++) {
             const void *krow[KV_ROWS], *vrow[KV_BLOCK];
-            fi_dtype dt = block_kv_rows(jb, sc, b, t->head0 + h, j0, nb,
-                                        after < KV_BLOCK ? after : KV_BLOCK, krow, vrow);
-            attend_block(jb, sc, t, h * per_head, qo_len, kv_len, j0, nb, krow, vrow, dt);
+            next_rows next; /* the next head of this block, or the first of the next block */
+            if (h + 1 < t->heads)
+                next_block_rows(p, b, t->head0 + h + 1, j0, nb, &next);
+            else
+                next_block_rows(p, b, t->head0, j0 + nb, after < KV_BLOCK ? after : KV_BLOCK,
+                                &next);
+            fi_dtype dt = block_kv_rows(jb, sc, b, t->head0 + h, j0, nb, krow, vrow);
+            attend_block(jb, sc, t, h * per_head, qo_len, kv_len, j0, nb, krow, vrow, dt, &next);
         }
     }
 

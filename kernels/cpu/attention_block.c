@@ -67,11 +67,20 @@ static void widen_portable(const void *src, fi_dtype dtype, int64_t n, float *ds
     }
 }
 
+/* Rows [r0, r1) of a prefetch list. */
+static inline void prefetch_rows(const fi_row_prefetch *pf, int64_t r0, int64_t r1)
+{
+    for (int64_t r = r0; r < r1 && r < pf->n; r++)
+        for (int64_t at = 0; at < pf->bytes; at += 64)
+            __builtin_prefetch(pf->rows[r] + at);
+}
+
 /* The portable kernels read float32 rows only (narrow_rows is 0). */
 static void scores_portable(const float *q, int64_t nv, const void *const *k, fi_dtype dtype,
-                            int64_t nb, int64_t d, float *s, int64_t lds)
+                            int64_t nb, int64_t d, float *s, int64_t lds, const fi_row_prefetch *pf)
 {
     (void)dtype;
+    prefetch_rows(pf, 0, pf->n);
     for (int64_t v = 0; v < nv; v++)
         for (int64_t j = 0; j < nb; j++) {
             const float *kj = k[j];
@@ -84,9 +93,10 @@ static void scores_portable(const float *q, int64_t nv, const void *const *k, fi
 
 static void accumulate_portable(const float *p, int64_t ldp, int64_t nv, const float *corr,
                                 const void *const *vals, fi_dtype dtype, int64_t nb, int64_t d,
-                                float *o)
+                                float *o, const fi_row_prefetch *pf)
 {
     (void)dtype;
+    prefetch_rows(pf, 0, pf->n);
     for (int64_t v = 0; v < nv; v++) {
         float *ov = o + v * d;
         for (int64_t i = 0; i < d; i++)
@@ -318,11 +328,13 @@ FI_AVX2_INLINE void scores_any(tile_shape t, fi_dtype dtype, const float *q, con
 }
 
 FI_AVX2_INLINE void scores_rows(fi_dtype dtype, const float *q, int64_t nv, const void *const *k,
-                                int64_t nb, int64_t d, float *s, int64_t lds)
+                                int64_t nb, int64_t d, float *s, int64_t lds,
+                                const fi_row_prefetch *pf)
 {
     int narrow = dtype != FI_DTYPE_F32;
     tile_shape whole = score_shape(nv, narrow);
-    for (int64_t j = 0; j < nb; j += whole.kt)
+    for (int64_t j = 0; j < nb; j += whole.kt) {
+        prefetch_rows(pf, j * pf->n / nb, (j + whole.kt) * pf->n / nb);
         for (int64_t v = 0; v < nv;) {
             tile_shape t = score_shape(nv - v, narrow);
             t.kt = whole.kt; /* the remainder keeps the key step */
@@ -331,25 +343,27 @@ FI_AVX2_INLINE void scores_rows(fi_dtype dtype, const float *q, int64_t nv, cons
             scores_any(t, dtype, q + v * d, k + j, d, s + v * lds + j, lds);
             v += t.vt;
         }
+    }
 }
 FI_AVX2 static void scores_avx2(const float *q, int64_t nv, const void *const *k, fi_dtype dtype,
-                                int64_t nb, int64_t d, float *s, int64_t lds)
+                                int64_t nb, int64_t d, float *s, int64_t lds,
+                                const fi_row_prefetch *pf)
 {
     switch (dtype) {
     case FI_DTYPE_F16:
-        scores_rows(FI_DTYPE_F16, q, nv, k, nb, d, s, lds);
+        scores_rows(FI_DTYPE_F16, q, nv, k, nb, d, s, lds, pf);
         break;
     case FI_DTYPE_BF16:
-        scores_rows(FI_DTYPE_BF16, q, nv, k, nb, d, s, lds);
+        scores_rows(FI_DTYPE_BF16, q, nv, k, nb, d, s, lds, pf);
         break;
     case FI_DTYPE_E4M3FN:
-        scores_rows(FI_DTYPE_E4M3FN, q, nv, k, nb, d, s, lds);
+        scores_rows(FI_DTYPE_E4M3FN, q, nv, k, nb, d, s, lds, pf);
         break;
     case FI_DTYPE_E5M2:
-        scores_rows(FI_DTYPE_E5M2, q, nv, k, nb, d, s, lds);
+        scores_rows(FI_DTYPE_E5M2, q, nv, k, nb, d, s, lds, pf);
         break;
     default:
-        scores_rows(FI_DTYPE_F32, q, nv, k, nb, d, s, lds);
+        scores_rows(FI_DTYPE_F32, q, nv, k, nb, d, s, lds, pf);
         break;
     }
 }
@@ -428,11 +442,12 @@ FI_AVX2_INLINE void accumulate_any(tile_shape t, fi_dtype dtype, const float *p,
 /* Shapes as score_shape gives them, with kt read as octets of columns. */
 FI_AVX2_INLINE void accumulate_rows(fi_dtype dtype, const float *p, int64_t ldp, int64_t nv,
                                     const float *corr, const void *const *vals, int64_t nb,
-                                    int64_t d, float *o)
+                                    int64_t d, float *o, const fi_row_prefetch *pf)
 {
     int narrow = dtype != FI_DTYPE_F32;
     tile_shape whole = score_shape(nv, narrow);
-    for (int64_t c = 0; c < d; c += 8 * whole.kt)
+    for (int64_t c = 0; c < d; c += 8 * whole.kt) {
+        prefetch_rows(pf, c * pf->n / d, (c + 8 * whole.kt) * pf->n / d);
         for (int64_t v = 0; v < nv;) {
             tile_shape t = score_shape(nv - v, narrow);
             t.kt = whole.kt;
@@ -441,27 +456,28 @@ FI_AVX2_INLINE void accumulate_rows(fi_dtype dtype, const float *p, int64_t ldp,
             accumulate_any(t, dtype, p + v * ldp, ldp, corr + v, vals, c, nb, d, o + v * d + c);
             v += t.vt;
         }
+    }
 }
 
 FI_AVX2 static void accumulate_avx2(const float *p, int64_t ldp, int64_t nv, const float *corr,
                                     const void *const *vals, fi_dtype dtype, int64_t nb, int64_t d,
-                                    float *o)
+                                    float *o, const fi_row_prefetch *pf)
 {
     switch (dtype) {
     case FI_DTYPE_F16:
-        accumulate_rows(FI_DTYPE_F16, p, ldp, nv, corr, vals, nb, d, o);
+        accumulate_rows(FI_DTYPE_F16, p, ldp, nv, corr, vals, nb, d, o, pf);
         break;
     case FI_DTYPE_BF16:
-        accumulate_rows(FI_DTYPE_BF16, p, ldp, nv, corr, vals, nb, d, o);
+        accumulate_rows(FI_DTYPE_BF16, p, ldp, nv, corr, vals, nb, d, o, pf);
         break;
     case FI_DTYPE_E4M3FN:
-        accumulate_rows(FI_DTYPE_E4M3FN, p, ldp, nv, corr, vals, nb, d, o);
+        accumulate_rows(FI_DTYPE_E4M3FN, p, ldp, nv, corr, vals, nb, d, o, pf);
         break;
     case FI_DTYPE_E5M2:
-        accumulate_rows(FI_DTYPE_E5M2, p, ldp, nv, corr, vals, nb, d, o);
+        accumulate_rows(FI_DTYPE_E5M2, p, ldp, nv, corr, vals, nb, d, o, pf);
         break;
     default:
-        accumulate_rows(FI_DTYPE_F32, p, ldp, nv, corr, vals, nb, d, o);
+        accumulate_rows(FI_DTYPE_F32, p, ldp, nv, corr, vals, nb, d, o, pf);
         break;
     }
 }

@@ -8,6 +8,13 @@
 /* Keys per score micro-tile: the key scratch is padded to a multiple of it. */
 #define FI_SCORE_KEYS 4
 
+/* Rows a kernel asks the cache for while it works (the next block's), a few per step, so
+ * the requests overlap the arithmetic instead of queueing up at once. */
+typedef struct {
+    const char *const *rows;
+    int64_t n, bytes; /* rows, and bytes from each row's start */
+} fi_row_prefetch;
+
 typedef struct {
     /* dst[0..n) = src[0..n) as float32; dtype f16, bf16, f32, e4m3fn or e5m2 (exact). */
     void (*widen)(const void *src, fi_dtype dtype, int64_t n, float *dst);
@@ -15,11 +22,12 @@ typedef struct {
      * points at key row j (dtype as widen takes; float32 only when narrow_rows is 0), and
      * k holds nb rounded up to FI_SCORE_KEYS rows (the extra scores are written too). */
     void (*scores)(const float *q, int64_t nv, const void *const *k, fi_dtype dtype, int64_t nb,
-                   int64_t d, float *s, int64_t lds);
+                   int64_t d, float *s, int64_t lds, const fi_row_prefetch *pf);
     /* o[v] = o[v] * corr[v] + sum over j < nb of p[v * ldp + j] * vals[j], rows d long;
      * vals[j] points at value row j as k[j] does. */
     void (*accumulate)(const float *p, int64_t ldp, int64_t nv, const float *corr,
-                       const void *const *vals, fi_dtype dtype, int64_t nb, int64_t d, float *o);
+                       const void *const *vals, fi_dtype dtype, int64_t nb, int64_t d, float *o,
+                       const fi_row_prefetch *pf);
     /* x[j] = exp(x[j] - m) for j < n (-inf gives 0); returns their sum. m is finite. */
     float (*exp_sum)(float *x, int64_t n, float m);
     /* max of x[0..n), -inf for n == 0 (NaNs are skipped). */
