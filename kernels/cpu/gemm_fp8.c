@@ -195,12 +195,15 @@ FI_AVX2_INLINE __m128i e4m3_as_half_scaled(__m128i w)
 
 /* rows of a (up to eight) dotted with n bytes of B (a multiple of 16), every 16 bytes
  * widened once for all rows. Up to four rows keep two accumulators a row, over alternate
- * octets, so at least eight FMA chains are in flight. */
-FI_AVX2_INLINE void dot_run(int rows, int e4m3, const uint8_t *src, int64_t n, const float *a,
-                            int64_t lda, __m256 acc[8][2])
+ * octets, so at least eight FMA chains are in flight. A line of next (the same run of the
+ * next column, or NULL) is prefetched per line read, so the requests overlap the work. */
+FI_AVX2_INLINE void dot_run(int rows, int e4m3, const uint8_t *src, const uint8_t *next, int64_t n,
+                            const float *a, int64_t lda, __m256 acc[8][2])
 {
     const __m128i zero = _mm_setzero_si128();
     for (int64_t i = 0; i < n; i += 16) {
+        if (next && i % 64 == 0)
+            __builtin_prefetch(next + i);
         __m128i bytes = _mm_loadu_si128((const __m128i *)(src + i));
         __m128i wl = _mm_unpacklo_epi8(zero, bytes), wh = _mm_unpackhi_epi8(zero, bytes);
         if (e4m3) {
@@ -219,7 +222,8 @@ FI_AVX2_INLINE void dot_run(int rows, int e4m3, const uint8_t *src, int64_t n, c
 
 /* One column of B against `rows` rows of A: the column's runs of contiguous k (one for a
  * column-major B, one per 128-block for the prepared layout), the same runs of the next
- * column prefetched; a short last run goes through a zero-padded copy (A is zero there). */
+ * column prefetched as they go; a short last run goes through a zero-padded copy (A is
+ * zero there). */
 FI_AVX2_INLINE void dot_column(int rows, int e4m3, const fp8_ctx *c, int64_t bi, int64_t j,
                                const float *a, int64_t lda, float *out)
 {
@@ -237,14 +241,11 @@ FI_AVX2_INLINE void dot_column(int rows, int e4m3, const fp8_ctx *c, int64_t bi,
             (const uint8_t *)b->data + (block ? (k0 / 128) * b->stride[0] + j * b->stride[1]
                                               : bi * b->stride[0] + j * b->stride[2]);
         int64_t n = k - k0 < run ? k - k0 : run, whole = n / 16 * 16;
-        if (next)
-            for (int64_t at = 0; at < n; at += 64)
-                __builtin_prefetch(src + next + at);
-        dot_run(rows, e4m3, src, whole, a + k0, lda, acc);
+        dot_run(rows, e4m3, src, next ? src + next : NULL, whole, a + k0, lda, acc);
         if (whole < n) {
             uint8_t tail[16] = {0};
             memcpy(tail, src + whole, (size_t)(n - whole));
-            dot_run(rows, e4m3, tail, 16, a + k0 + whole, lda, acc);
+            dot_run(rows, e4m3, tail, NULL, 16, a + k0 + whole, lda, acc);
         }
     }
     UNROLLED
