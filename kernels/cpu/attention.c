@@ -331,15 +331,13 @@ static void merge_split(const job *jb, const split_group *sg)
 }
 
 /* Whether a task widens its KV into scratch first: the portable kernels need it, RoPE
- * rotates keys, and with many query vectors per head a row widened once is cheaper than
- * one widened in registers again for every three vectors (sooner for fp8, whose
- * widening takes more instructions). */
+ * rotates keys, and past NARROW_MAX_VECTORS query vectors per head (prefill) a row
+ * widened once beats one widened in registers again for every tile of vectors. */
 static int task_widens(const job *jb, int64_t per_head)
 {
     const fi_attention_params *p = jb->p;
-    int fp8 = p->kv_dtype == FI_DTYPE_E4M3FN || p->kv_dtype == FI_DTYPE_E5M2;
     return !jb->ops->narrow_rows || p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA ||
-           per_head > (fp8 ? 3 : NARROW_MAX_VECTORS);
+           per_head > NARROW_MAX_VECTORS;
 }
 
 static void run_task(job *jb, scratch *sc, const task *t)
