@@ -109,6 +109,8 @@ static void block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head,
 {
     int64_t esize = (int64_t)fi_dtype_size(p->kv_dtype);
     int64_t page = 0, slot = (int64_t)p->kv_indptr[b] + j0, page_i = 0;
+    if (nb == 0) /* past the last key: not even its page is looked up */
+        return;
     if (p->paged) {
         page_i = p->kv_indptr[b] + j0 / p->page_size;
         slot = j0 % p->page_size;
