@@ -66,9 +66,9 @@ def main():
     if not torch.cuda.is_available():
         print("bench_gpu_attention: no CUDA device; nothing to measure")
         return 0
-    from flashinfer import _C
+    from flashinfer import _kernels
 
-    if not _C.cuda_built:
+    if not _kernels.cuda_built:
         print("bench_gpu_attention: flashinfer was built without CUDA kernels")
         return 0
     fn, nbytes = setup()

@@ -173,12 +173,12 @@ def main():
             file=sys.stderr,
         )
         return 2
-    from flashinfer import _C
+    from flashinfer import _kernels
     from flashinfer.gemm import _cublas_lib_dir
 
     print(
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-        f"cuBLASLt: {_C.cublaslt_library(_cublas_lib_dir())}"
+        f"cuBLASLt: {_kernels.cublaslt_library(_cublas_lib_dir())}"
     )
     rows = []
     bench_bmm_fp8(args, rows)

@@ -33,7 +33,7 @@ print(json.dumps({"base_us": base * 1e6, "decorated_us": dec * 1e6}))
 
 STATS = r"""
 import sys, time, json, torch
-import flashinfer._C as C
+import flashinfer_native._C as C
 import flashinfer
 x = torch.randn(16 * 1024 * 1024)  # 64 MB float32
 view = x.view(4096, 4096)[:, ::2]   # strided, half the elements

@@ -3,7 +3,7 @@
 import torch  # noqa: F401  (the C extension reads torch objects at import)
 
 from . import (
-    _C,  # noqa: F401
+    _kernels,  # noqa: F401
     api_logging,  # noqa: F401  (reads FLASHINFER_* at import)
 )
 from .autotuner import autotune

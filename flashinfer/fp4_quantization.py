@@ -1,5 +1,5 @@
 """FP4 quantization: NVFP4 (E2M1 values, one E4M3 scale per 16) and MXFP4 (one UE8M0
-scale per 32), computed by the C kernels in ``flashinfer._C``.
+scale per 32), computed by the C kernels in ``flashinfer._kernels``.
 
 Rule, all in float32: ``sf = e4m3((global_sf * amax(block)) / 6)`` (round to nearest
 even, saturating at 448), then each element's code is ``e2m1(x * (global_sf / float(sf)))``
@@ -12,7 +12,7 @@ import enum
 
 import torch
 
-from . import _C
+from . import _kernels
 from .api_logging import flashinfer_api
 
 _BACKENDS = ("cuda", "cute-dsl")
@@ -53,7 +53,7 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
     x_q = torch.empty((m, k // 2), dtype=torch.uint8, device=input.device)
     kblocks = k // sf_vec_size if k % sf_vec_size == 0 else 0
     sf = torch.empty(_sf_bytes(m, kblocks, layout), dtype=torch.uint8, device=input.device)
-    _C.fp4_quantize(
+    _kernels.fp4_quantize(
         x2,
         global_scale,
         x_q,

@@ -1,7 +1,7 @@
 """FP8 and FP4 GEMMs: ``bmm_fp8``, ``mm_fp8`` (with ``prepare_low_latency_gemm_weights``)
 and ``mm_fp4``.
 
-Arguments are checked and the products computed in the C extension (``flashinfer._C``);
+Arguments are checked and the products computed in the C extension (``flashinfer._kernels``);
 this module picks defaults, allocates outputs and validates backend names. CUDA tensors
 run the CUDA kernels on the current stream of their device (``bmm_fp8`` through cuBLASLt
 for ``backend="cublas"``, ``"cublaslt"`` and ``"auto"``, falling back to the native kernel).
@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from . import _C
+from . import _kernels
 from .api_logging import flashinfer_api
 from .fp4_quantization import SfLayout
 
@@ -21,7 +21,7 @@ MM_FP8_BACKENDS = ("trtllm_low_latency",)
 MM_FP4_BACKENDS = ("cudnn", "trtllm", "cutlass", "auto")
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
 _CUBLASLT_BACKENDS = ("cublas", "cublaslt", "auto")
-# _C.bmm_fp8's backend argument: native kernel, or cuBLASLt falling back to it
+# _kernels.bmm_fp8's backend argument: native kernel, or cuBLASLt falling back to it
 _NATIVE, _CUBLASLT = 0, 1
 _CUBLASLT_WORKSPACE_BYTES = 32 * 1024 * 1024
 
@@ -105,7 +105,7 @@ def bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas"):
         workspace = None
         if not native:
             workspace = torch.empty(_CUBLASLT_WORKSPACE_BYTES, dtype=torch.uint8, device=A.device)
-        _C.bmm_fp8(
+        _kernels.bmm_fp8(
             A,
             B,
             A_scale,
@@ -118,7 +118,7 @@ def bmm_fp8(A, B, A_scale, B_scale, dtype, out=None, backend="cublas"):
             _cublas_lib_dir(),
         )
     else:
-        _C.bmm_fp8(A, B, A_scale, B_scale, out, _num_threads())
+        _kernels.bmm_fp8(A, B, A_scale, B_scale, out, _num_threads())
     return out
 
 
@@ -183,7 +183,7 @@ def mm_fp8(a, b, alpha=None, out_dtype=torch.bfloat16, out=None, backend="trtllm
         out = torch.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=a.device)
     elif out is not None and isinstance(out, torch.Tensor) and out.dtype != out_dtype:
         raise ValueError(f"out: dtype {out.dtype} does not match out_dtype={out_dtype}")
-    _C.mm_fp8(a, b, alpha, out, _num_threads(), _stream(a))
+    _kernels.mm_fp8(a, b, alpha, out, _num_threads(), _stream(a))
     return out
 
 
@@ -274,7 +274,7 @@ def mm_fp4(
             out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     if out is not None and isinstance(out, torch.Tensor) and out.dtype != out_dtype:
         raise ValueError(f"out: dtype {out.dtype} does not match out_dtype={out_dtype}")
-    _C.mm_fp4(
+    _kernels.mm_fp4(
         a,
         b,
         a_descale,

@@ -10,6 +10,7 @@ import replay_helpers as h
 import torch
 from click.testing import CliRunner
 
+import flashinfer_native
 from flashinfer.__main__ import cli
 from flashinfer.version import __version__
 
@@ -182,7 +183,7 @@ def test_no_colour_codes_when_not_a_terminal(session, root):
 
 
 def test_colour_and_progress_when_a_terminal(session, root, monkeypatch):
-    import flashinfer.__main__ as main
+    import flashinfer_native.cli as main
 
     monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
     result = CliRunner().invoke(cli, ["replay", "--dir", root, "--device", "cpu"], color=True)
@@ -236,9 +237,11 @@ def test_info_reports_build_and_versions():
     result = invoke("info")
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert lines[0] == f"flashinfer: {__version__}"
-    assert lines[1] == f"torch: {torch.__version__}"
-    assert lines[2].startswith("CUDA kernels built: ")
+    assert lines[0] == f"flashinfer: {__version__} (this repository's mirror)"
+    assert lines[1] == f"flashinfer_native: {flashinfer_native.__version__}"
+    assert lines[2] == f"torch: {torch.__version__}"
+    assert lines[3].startswith("CUDA kernels built: ")
+    assert lines[4].startswith("CUDA statistics kernel built: ")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert f"GPUs visible: {gpus}" in lines
 

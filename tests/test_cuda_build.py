@@ -8,32 +8,33 @@ import sys
 import pytest
 import torch
 
-from flashinfer import _C
+from flashinfer import _kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cuda_attributes_have_their_types():
-    assert isinstance(_C.cuda_built, bool)
-    assert isinstance(_C.cuda_archs, str)
-    assert (_C.cuda_archs != "") == _C.cuda_built
+    assert isinstance(_kernels.cuda_built, bool)
+    assert isinstance(_kernels.cuda_archs, str)
+    assert (_kernels.cuda_archs != "") == _kernels.cuda_built
 
 
 def test_cpu_attention_still_refuses_meta_tensors():
     q = torch.zeros(1, 1, 64)
     i32 = torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ValueError, match="k is on another device"):
-        _C.attention(q, q.to("meta"), q, q.clone(), None, i32, i32)
+    with pytest.raises(ValueError, match="k is on meta"):
+        _kernels.attention(q, q.to("meta"), q, q.clone(), None, i32, i32)
 
 
 def test_build_without_cuda_imports_and_runs_attention(tmp_path):
     """Copies the sources, builds with FLASHINFER_NO_CUDA=1 and runs CPU attention."""
     src = tmp_path / "src"
-    for part in ("csrc", "kernels", "flashinfer"):
+    for part in ("csrc", "kernels", "flashinfer", "flashinfer_native", "native"):
         shutil.copytree(
             os.path.join(ROOT, part),
             src / part,
-            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+            symlinks=True,  # native/'s links to the sources stay links
+            ignore=shutil.ignore_patterns("*.so", "__pycache__", "build", "*.egg-info"),
         )
     for name in ("setup.py", "pyproject.toml"):
         if os.path.exists(os.path.join(ROOT, name)):
@@ -50,13 +51,14 @@ def test_build_without_cuda_imports_and_runs_attention(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     assert "CUDA kernels not built" in build.stdout
     code = (
-        "import torch; from flashinfer import _C\n"
+        "import torch; from flashinfer import _kernels; from flashinfer_native import _C\n"
         "assert _C.cuda_built is False and _C.cuda_archs == ''\n"
+        "assert _kernels.cuda_built is False and _kernels.cuda_archs == ''\n"
         "q = torch.ones(1, 1, 64); i = torch.tensor([0, 1], dtype=torch.int32)\n"
-        "out = torch.empty_like(q); _C.attention(q, q, q, out, None, i, i)\n"
+        "out = torch.empty_like(q); _kernels.attention(q, q, q, out, None, i, i)\n"
         "assert torch.equal(out, q)\n"
         "try:\n"
-        "    _C.attention(q.to('meta'), q, q, out, None, i, i)\n"
+        "    _kernels.attention(q.to('meta'), q, q, out, None, i, i)\n"
         "except ValueError as e:\n"
         "    print(e)\n"
     )
@@ -64,4 +66,4 @@ def test_build_without_cuda_imports_and_runs_attention(tmp_path):
         [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "q is on another device" in run.stdout
+    assert "q is on meta; this build runs attention on cpu tensors only" in run.stdout

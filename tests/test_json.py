@@ -1,10 +1,10 @@
-"""flashinfer._C.json_dumps writes exactly what json.dumps writes."""
+"""flashinfer_native._C.json_dumps writes exactly what json.dumps writes."""
 
 import json
 
 import pytest
 
-from flashinfer import _C
+from flashinfer_native import _C
 
 TRICKY = [
     "plain",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensor_helpers import ALL_DTYPES, assert_same_tensor, random_tensor
 
-from flashinfer import _C
+from flashinfer_native import _C
 
 LOADERS = {
     "torch_weights_only": lambda p: torch.load(p, weights_only=True),
@@ -159,7 +159,7 @@ def test_failed_rename_leaves_no_temp_file_and_keeps_target(tmp_path):
 def test_file_size_limit_raises_oserror_and_leaves_no_temp_file(tmp_path):
     script = f"""
 import resource, os, torch
-from flashinfer import _C
+from flashinfer_native import _C
 resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
 try:
     _C.save_tensors({str(tmp_path / "big.pt")!r}, {{"a": torch.ones(1 << 20)}})
@@ -196,9 +196,9 @@ def test_record_crcs_are_right_with_and_without_the_system_zlib(tmp_path):
     import zipfile
 
     script = (
-        "import sys, torch, flashinfer\n"
+        "import sys, torch, flashinfer_native._C\n"
         "t = torch.arange(100003, dtype=torch.int32)[3:]\n"
-        "flashinfer._C.save_tensors(sys.argv[1], {'a': t, 'b': t[::7]})\n"
+        "flashinfer_native._C.save_tensors(sys.argv[1], {'a': t, 'b': t[::7]})\n"
     )
     for no_zlib in ("", "1"):
         path = tmp_path / f"x{no_zlib}.pt"

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tensor_helpers import assert_same_tensor, random_tensor
 
-from flashinfer import _C
+from flashinfer_native import _C
 
 ST_DTYPES = [
     torch.float64,

@@ -1,4 +1,4 @@
-"""Level-5 tensor statistics (SPEC 3.3): flashinfer._C.tensor_stats and format_tensor_stats
+"""Level-5 tensor statistics (SPEC 3.3): flashinfer_native._C.tensor_stats and format_tensor_stats
 checked against torch computed in float64."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashinfer  # noqa: F401  (loads torch before the extension)
-from flashinfer import _C
+from flashinfer_native import _C
 
 FLOAT8_DTYPES = [
     torch.float8_e4m3fn,
@@ -315,6 +315,15 @@ def test_negative_view_of_conjugate_reports_negated_values():
         "nan_count": 0,
         "inf_count": 0,
     }
+
+
+def test_negative_view_of_zeros_has_torch_signed_zeros():
+    # torch: min and max of the negated zeros are -0.0, their mean is +0.0
+    imag = torch.zeros(4, dtype=torch.complex64).conj().imag
+    stats = _C.tensor_stats(imag)
+    assert math.copysign(1.0, stats["mean"]) == 1.0
+    assert math.copysign(1.0, stats["min"]) == math.copysign(1.0, imag.min().item())
+    assert math.copysign(1.0, stats["max"]) == math.copysign(1.0, imag.max().item())
 
 
 @pytest.mark.parametrize(

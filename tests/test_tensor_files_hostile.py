@@ -8,7 +8,7 @@ import zipfile
 import pytest
 import torch
 
-from flashinfer import _C
+from flashinfer_native import _C
 
 
 def make_pt(tmp_path, pickle_bytes, records=None, name="h.pt"):

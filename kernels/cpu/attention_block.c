@@ -5,13 +5,10 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(FI_PORTABLE_ONLY)
-#include <immintrin.h>
-#define FI_HAVE_AVX2_BLOCK 1
-#define FI_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#ifdef FI_HAVE_X86_SIMD
 /* Loops over arrays of vector registers are unrolled before gcc scalarizes the arrays;
  * otherwise the accumulators can go through the stack on every step. */
 #define UNROLLED _Pragma("GCC unroll 16")
@@ -133,7 +130,7 @@ static const fi_attention_block_ops portable_ops = {
 };
 
 /* ---- AVX2 + FMA + F16C ---------------------------------------------------------- */
-#ifdef FI_HAVE_AVX2_BLOCK
+#ifdef FI_HAVE_X86_SIMD
 
 /* 16 e4m3fn codes as binary16 (exact up to the factor 2^-8 the caller multiplies back):
  * sign kept, the 7 magnitude bits moved under the binary16 exponent; NaN codes stay NaN. */
@@ -565,7 +562,7 @@ static const fi_attention_block_ops avx2_ops = {
 
 const fi_attention_block_ops *fi_attention_block_ops_for(int64_t d)
 {
-#ifdef FI_HAVE_AVX2_BLOCK
+#ifdef FI_HAVE_X86_SIMD
     if (d % 32 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
         return &avx2_ops;

@@ -4,51 +4,15 @@
 
 #include <pthread.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 #include "gemm_tiled.h"
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(FI_PORTABLE_ONLY)
-#include <immintrin.h>
-#define FI_HAVE_AVX2 1
-#define FI_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#ifdef FI_HAVE_X86_SIMD
 #define UNROLLED _Pragma("GCC unroll 8")
 #endif
 
-/* UE8M0 code of the smallest power of two >= v (round toward +inf, as the MX
- * quantizers do), saturating at 2^127; 0 for v <= 2^-127, 0xff for NaN. */
-static inline uint8_t f32_to_ue8m0_ceil(float v)
-{
-    if (isnan(v))
-        return 0xff;
-    if (!(v > 0x1p-127f))
-        return 0;
-    uint32_t bits = fi_f32_bits(v);
-    uint32_t e = bits >> 23, m = bits & 0x7fffffu;
-    if (e == 0xff)
-        return 0xfe;
-    if (e == 0) /* subnormal above 2^-127 */
-        return 1;
-    if (m != 0)
-        e += 1;
-    return (uint8_t)(e > 0xfe ? 0xfe : e);
-}
-
 static float ue8m0_to_f32(uint8_t code) { return fi_e8m0fnu_to_f32(code); }
-
-/* fi_f32_to_e4m3fn for a finite v >= 0 (a block's scale), without libm: normal results
- * round the float32 bits to three mantissa bits (nearest even), subnormal ones are
- * rint(v * 2^9) by the 2^23 trick; 448 and above saturate. */
-static inline uint8_t nonnegative_to_e4m3fn(float v)
-{
-    if (v >= 448.0f)
-        return 0x7e;
-    if (v < 0x1p-6f)
-        return (uint8_t)((v * 512.0f + 0x1p23f) - 0x1p23f);
-    uint32_t bits = fi_f32_bits(v);
-    bits += 0x7ffffu + ((bits >> 20) & 1);
-    return (uint8_t)((bits >> 20) - ((127u - 7u) << 3));
-}
 
 /* A block's scale code and the factor its values are multiplied by before rounding to
  * E2M1 (0 when the block is all zeros). */
@@ -71,10 +35,10 @@ scale_of_block(const fi_fp4_quantize_params *p, const scale_table *t, float gsf,
     block_scale bs;
     float sf;
     if (p->sf_ue8m0) {
-        bs.code = f32_to_ue8m0_ceil(sf_value);
+        bs.code = fi_f32_to_ue8m0_ceil(sf_value);
         sf = bs.code == 0 && !(sf_value > 0.0f) ? 0.0f : t->sf[bs.code];
     } else {
-        bs.code = sf_value >= 0.0f && sf_value < INFINITY ? nonnegative_to_e4m3fn(sf_value)
+        bs.code = sf_value >= 0.0f && sf_value < INFINITY ? fi_nonnegative_to_e4m3fn(sf_value)
                                                           : fi_f32_to_e4m3fn(sf_value);
         sf = t->sf[bs.code];
     }
@@ -126,7 +90,7 @@ static void quantize_row(const fi_fp4_quantize_params *p, const scale_table *t, 
     }
 }
 
-#ifdef FI_HAVE_AVX2
+#ifdef FI_HAVE_X86_SIMD
 /* Eight contiguous elements as float32. */
 FI_AVX2_INLINE __m256 load8_f32(const void *src, fi_dtype dtype)
 {
@@ -174,7 +138,7 @@ FI_AVX2_INLINE __m128i pack_nibbles(__m256i c0, __m256i c1)
 }
 
 /* Scale codes of 8 blocks, and the factors their values are multiplied by, from their
- * absolute maxima: nonnegative_to_e4m3fn and the code's value on eight lanes (exact),
+ * absolute maxima: fi_nonnegative_to_e4m3fn and the code's value on eight lanes (exact),
  * or 0 when some block's sf_value is negative, infinite or NaN (the caller then takes
  * the scalar path). */
 FI_AVX2_INLINE int e4m3_scales8(float gsf, const float *amax, int32_t *code, float *scale)
@@ -294,7 +258,7 @@ static void *quantize_rows(void *arg)
 {
     const quantize_range *qr = arg;
     const fi_fp4_quantize_params *p = qr->p;
-#ifdef FI_HAVE_AVX2
+#ifdef FI_HAVE_X86_SIMD
     if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
         for (int64_t r = qr->r0; r < qr->r1; r++)
             quantize_row_avx2(p, qr->table, qr->gsf, r);
@@ -348,9 +312,7 @@ typedef struct {
     float value[16];
 } fp4_ctx;
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FI_PORTABLE_ONLY)
-#include <immintrin.h>
-#define FI_HAVE_SIMD_DECODE 1
+#ifdef FI_HAVE_X86_SIMD
 
 /* The contiguous case of dequant_line, 16 values per step: each byte doubled, the odd
  * copies shifted down a nibble, and the 16-entry value table indexed by the low 4 bits
@@ -375,7 +337,7 @@ dequant_contig_avx512(const float *value, const float *scale, const uint8_t *src
 }
 #endif
 
-#ifdef FI_HAVE_AVX2
+#ifdef FI_HAVE_X86_SIMD
 /* Sixteen E2M1 values (8 bytes, element 2j in the low nibble) in element order. Every
  * E2M1 value is a float32 whose low 16 bits are zero: two byte lookups (vpshufb) give
  * the high 16 bits, sign included; no lane-crossing shuffles (slow on some AVX2 cores). */
@@ -486,14 +448,12 @@ static void dequant_line(const fp4_ctx *c, const uint8_t *src, int64_t sk, const
 {
     const fi_gemm_fp4_params *p = c->p;
     int64_t bs = p->block_size;
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
     if (sk == 1 && c->simd) {
         dequant_contig_avx512(c->value, c->scale, src, sf, layout, p, c->kblocks, line, k0, kc,
                               dst);
         return;
     }
-#endif
-#ifdef FI_HAVE_AVX2
     if (sk == 1 && c->avx2) {
         dequant_contig_avx2(c, src, sf, layout, line, k0, kc, dst);
         return;
@@ -548,10 +508,8 @@ int fi_gemm_fp4_cpu(const fi_gemm_fp4_params *p)
     for (int v = 0; v < 16; v++)
         ctx.value[v] = fi_e2m1_to_f32((uint8_t)v);
     void (*dot_b)(const void *, int64_t, int64_t, const float *, int64_t, int64_t, float *) = NULL;
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
     ctx.simd = __builtin_cpu_supports("avx512f") && p->block_size % 16 == 0;
-#endif
-#ifdef FI_HAVE_AVX2
     ctx.avx2 =
         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && p->block_size % 16 == 0;
     if (ctx.avx2 && p->b.stride[0] == 1)

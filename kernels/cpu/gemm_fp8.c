@@ -4,13 +4,9 @@
 
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 #include "gemm_tiled.h"
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FI_PORTABLE_ONLY)
-#include <immintrin.h>
-#define FI_HAVE_SIMD_DECODE 1
-#endif
 
 /* dst[0..n) = decoded src[0..n) (contiguous bytes); lut is the operand's table. */
 typedef void (*decode_fn)(const float *lut, const uint8_t *src, int64_t n, float *dst);
@@ -33,7 +29,7 @@ static void decode_lut(const float *lut, const uint8_t *src, int64_t n, float *d
         dst[i] = lut[src[i]];
 }
 
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
 /* e4m3fn, 16 at a time: normal codes are float32 bits (mag << 20) times 2^120,
  * subnormal ones mantissa * 2^-9, then the sign; 0x7f / 0xff take the table's NaN. */
 __attribute__((target("avx512f"))) static void
@@ -89,7 +85,7 @@ __attribute__((target("avx2"))) static void decode_e4m3_avx2(const float *lut, c
  * table bit for bit on all 256 codes (which also rules out denormals-are-zero modes). */
 static decode_fn pick_decode(fi_dtype dtype, const float *lut)
 {
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
     if (dtype != FI_DTYPE_E4M3FN)
         return decode_lut;
     decode_fn f = NULL;
@@ -179,8 +175,7 @@ static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int6
     }
 }
 
-#ifdef FI_HAVE_SIMD_DECODE
-#define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#ifdef FI_HAVE_X86_SIMD
 #define UNROLLED _Pragma("GCC unroll 8")
 
 /* e4m3fn codes in the high bytes of w as binary16: the seven magnitude bits moved under
@@ -292,7 +287,7 @@ __attribute__((target("avx2,fma,f16c"))) static void dot_b_avx2(const void *ctx,
 static void (*pick_dot_b(const fi_gemm_fp8_params *p))(const void *, int64_t, int64_t,
                                                        const float *, int64_t, int64_t, float *)
 {
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
     int contiguous =
         p->b_layout == FI_GEMM_B_BLOCK_K128 ? p->b.stride[2] == 1 : p->b.stride[1] == 1;
     if (contiguous && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -7,12 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FI_PORTABLE_ONLY)
-#include <immintrin.h>
-#define FI_HAVE_AVX2_KERNEL 1
-#endif
 
 /* Loops over arrays of vector registers are unrolled before gcc scalarizes the arrays;
  * otherwise every accumulator goes through the stack on every k step (half the speed). */
@@ -40,7 +36,7 @@ static void micro_generic(int64_t kc, const float *a, const float *b, float *c, 
             c[r * ldc + j] += acc[r][j];
 }
 
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
 __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const float *a,
                                                            const float *b, float *c, int64_t ldc)
 {
@@ -103,7 +99,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
 static micro_fn pick_micro(int *nr)
 {
     *nr = NR;
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
     if (__builtin_cpu_supports("avx512f")) {
         *nr = NR_MAX;
         return micro_avx512;
@@ -273,8 +269,9 @@ static void run_tile(shared_state *st, int64_t t, scratch *s)
 /* acc[r][e] += sum over kk = e (mod LANES), kk < kp, of a[r][kk] * b[kk], for r < m;
  * kp is a multiple of LANES. Four rows at a time; a group short of four repeats its first
  * row and drops the extra sums. */
-typedef void (*small_dot_fn)(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
-                             float acc[][LANES]);
+typedef void small_dot_kernel(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
+                              float acc[][LANES]);
+typedef small_dot_kernel *small_dot_fn;
 
 static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
                               float acc[][LANES])
@@ -285,7 +282,7 @@ static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda
                 acc[r][e] += a[r * lda + kk + e] * b[kk + e];
 }
 
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
 __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_t kp,
                                                                const float *a, int64_t lda,
                                                                const float *b, float acc[][LANES])
@@ -360,7 +357,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
 
 static small_dot_fn pick_small_dot(void)
 {
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
     if (__builtin_cpu_supports("avx512f"))
         return small_dot_avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))

@@ -10,12 +10,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pytest_collection_modifyitems(config, items):
-    from flashinfer import _C
+    from flashinfer import _kernels
 
     reason = None
     if not torch.cuda.is_available():
         reason = "no CUDA device"
-    elif not _C.cuda_built:
+    elif not _kernels.cuda_built:
         reason = "flashinfer was built without CUDA kernels"
     if reason is None:
         return

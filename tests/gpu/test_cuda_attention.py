@@ -5,7 +5,7 @@ import torch
 from attention_reference import attention as reference
 
 import flashinfer
-from flashinfer import _C
+from flashinfer import _kernels
 
 TOL = dict(atol=2e-3, rtol=2e-3)
 
@@ -192,7 +192,7 @@ def test_mixed_devices_name_the_argument():
     k = torch.randn(4, 2, 64, device="cuda")
     out = torch.empty_like(q)
     with pytest.raises(ValueError, match="qo_indptr is on cpu:0 but q is on cuda:0"):
-        _C.attention(
+        _kernels.attention(
             q,
             k,
             k,
@@ -208,7 +208,7 @@ def test_bad_page_index_on_cuda_is_a_value_error():
     q = torch.randn(1, 1, 64, device="cuda")
     i32 = dict(dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match=r"kv_indices\[0\] is 7"):
-        _C.attention(
+        _kernels.attention(
             q,
             kc,
             kc,
@@ -270,4 +270,4 @@ def test_capture_without_host_index_copies_is_refused_with_a_message():
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="capturing a CUDA graph and qo_indptr has no host"):
         with torch.cuda.graph(g):
-            _C.attention(q, k, k, out, None, indptr_q, indptr_kv)
+            _kernels.attention(q, k, k, out, None, indptr_q, indptr_kv)

@@ -14,7 +14,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-from flashinfer import _C  # noqa: E402
+from flashinfer import _kernels  # noqa: E402
 from flashinfer.gemm import (  # noqa: E402
     _cublas_lib_dir,
     bmm_fp8,
@@ -43,11 +43,11 @@ def _scales(a, b):
 
 
 def _raw_bmm(A, B, a_scale, b_scale, dtype, backend):
-    """_C.bmm_fp8 on CUDA tensors with an explicit backend (0 native, 2 cuBLASLt only)."""
+    """_kernels.bmm_fp8 on CUDA tensors with an explicit backend (0 native, 2 cuBLASLt only)."""
     out = torch.empty((A.shape[0], A.shape[1], B.shape[2]), dtype=dtype, device=A.device)
     ws = torch.empty(32 << 20, dtype=torch.uint8, device=A.device)
     stream = torch.cuda.current_stream(A.device).cuda_stream
-    _C.bmm_fp8(A, B, a_scale, b_scale, out, 1, stream, backend, ws, _cublas_lib_dir())
+    _kernels.bmm_fp8(A, B, a_scale, b_scale, out, 1, stream, backend, ws, _cublas_lib_dir())
     return out
 
 
@@ -83,7 +83,7 @@ def test_cublaslt_bmm_fp8_runs_and_matches_reference(a_dtype, b_dtype, out_dtype
 
 
 def test_cublaslt_library_is_found():
-    assert _C.cublaslt_library(_cublas_lib_dir()) is not None
+    assert _kernels.cublaslt_library(_cublas_lib_dir()) is not None
 
 
 def test_cublaslt_and_native_agree():

@@ -1,0 +1,12 @@
+/* cuda_info.h: the cuda_built / cuda_archs constants an extension module reports:
+ * whether this build holds the CUDA kernels, and for which architectures. */
+#ifndef FI_CUDA_INFO_H
+#define FI_CUDA_INFO_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Adds cuda_built (bool) and cuda_archs (str) for the build this module comes from. */
+int fi_cuda_info_exec(PyObject *module);
+
+#endif

@@ -1,0 +1,704 @@
+/* dump.c: the level-10 flight recorder (SPEC 4): one directory per call with the
+ * inputs/outputs tensor files and metadata.jsonl, plus the root's session.jsonl. */
+#include "dump.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dump_encode.h"
+#include "json.h"
+#include "sink.h"
+#include "strbuf.h"
+#include "tensor.h"
+#include "tensorio.h"
+
+/* A call recorded while a CUDA graph was captured: no device-to-host copy may run then, so
+ * its tensors are held and written after each replay (flush_graph_dumps). It lives in a
+ * capsule in the logger's graph_pending list until clear_graph_dumps(). */
+typedef struct {
+    char *dir;         /* the call's directory */
+    PyObject *record;  /* the line-1 record, completed when the call returns */
+    PyObject *inputs;  /* key -> tensor */
+    PyObject *outputs; /* key -> tensor; NULL until the call returned */
+    long flushes;      /* snapshots taken so far */
+} graph_entry;
+
+#define GRAPH_ENTRY_CAPSULE "flashinfer_native.graph_entry"
+
+struct fi_dump_call {
+    fi_logger *lg;
+    PyObject *name;   /* API name (str) */
+    PyObject *record; /* the line-1 record, extended into line 2 */
+    char *dir;        /* the call's directory */
+    long long input_bytes;
+    PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
+    graph_entry *graph;
+    int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
+};
+
+/* --------------------------------------------------------------- log lines */
+
+static void log_line(fi_logger *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_line(fi_logger *lg, const char *fmt, ...)
+{
+    fi_buf b;
+    fi_buf_init(&b);
+    va_list ap;
+    va_start(ap, fmt);
+    fi_buf_vprintf(&b, fmt, ap);
+    va_end(ap);
+    fi_buf_putc(&b, '\n');
+    fi_logger_emit(lg, b.data, b.len);
+    fi_buf_free(&b);
+}
+
+/* "[DUMP ERROR (where) in NAME]: message" for the pending exception, cleared. */
+static void log_dump_error(fi_logger *lg, const char *name, const char *where)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    if (!m) {
+        PyErr_Clear();
+        m = "unknown error";
+    }
+    log_line(lg, "[DUMP ERROR (%s) in %s]: %s", where, name, m);
+    Py_XDECREF(msg);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+}
+
+/* ------------------------------------------------------------ file system */
+
+/* Every character outside [A-Za-z0-9._-] becomes '_' (one per character: UTF-8
+ * continuation bytes are dropped). */
+static void sanitize_name(char *s)
+{
+    char *out = s;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if ((c & 0xc0) == 0x80)
+            continue;
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        *out++ = ok ? (char)c : '_';
+    }
+    *out = '\0';
+}
+
+/* Creates the dump root (mode 0700 when we create it, parents too). */
+static int ensure_root(fi_logger *lg)
+{
+    if (lg->dump_root_ready) {
+        struct stat st;
+        if (stat(lg->cfg.dump_dir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 0;
+    }
+    char *path = malloc(strlen(lg->cfg.dump_dir) + 2);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    sprintf(path, "%s/", lg->cfg.dump_dir);
+    int r = fi_make_parents(path, 0700);
+    free(path);
+    if (r < 0) {
+        PyErr_Format(PyExc_OSError, "cannot create dump directory %s: %s", lg->cfg.dump_dir,
+                     strerror(errno));
+        return -1;
+    }
+    lg->dump_root_ready = 1;
+    return 0;
+}
+
+static long long next_counter(PyObject *counters, PyObject *name)
+{
+    PyObject *cur = PyDict_GetItemWithError(counters, name);
+    long long n = cur ? PyLong_AsLongLong(cur) + 1 : 1;
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *v = PyLong_FromLongLong(n);
+    if (!v || PyDict_SetItem(counters, name, v) < 0) {
+        Py_XDECREF(v);
+        return -1;
+    }
+    Py_DECREF(v);
+    return n;
+}
+
+/* Makes the call directory; a name taken already (a re-import reset the counters
+ * within the same millisecond) moves on to the next counter value. */
+static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, long long *call_seq)
+{
+    const char *cname = PyUnicode_AsUTF8(name);
+    if (!cname)
+        return NULL;
+    char *safe = strdup(cname);
+    if (!safe) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    sanitize_name(safe);
+    size_t cap = strlen(lg->cfg.dump_dir) + strlen(safe) + 96;
+    char *dir = malloc(cap);
+    for (int attempt = 0; dir && attempt < 1000; attempt++) {
+        long long n = next_counter(lg->call_counters, name);
+        if (n < 0)
+            break;
+        snprintf(dir, cap, "%s/%s_pid%ld_%s_call%04lld", lg->cfg.dump_dir, stamp, (long)getpid(),
+                 safe, n);
+        if (mkdir(dir, 0700) == 0) {
+            *call_seq = n;
+            free(safe);
+            return dir;
+        }
+        if (errno != EEXIST) {
+            PyErr_Format(PyExc_OSError, "cannot create %s: %s", dir, strerror(errno));
+            break;
+        }
+    }
+    if (!dir)
+        PyErr_NoMemory();
+    else if (!PyErr_Occurred())
+        PyErr_Format(PyExc_OSError, "no free call directory name under %s", lg->cfg.dump_dir);
+    free(safe);
+    free(dir);
+    return NULL;
+}
+
+/* Opens path for appending records: O_APPEND, so each record is one whole write. */
+static int open_append(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, strerror(errno));
+    return fd;
+}
+
+static int write_line(int fd, const char *what, const char *where, const fi_buf *line)
+{
+    if (fi_write_all(fd, line->data, line->len) == 0)
+        return 0;
+    PyErr_Format(PyExc_OSError, "cannot write %s/%s: %s", where, what, strerror(errno));
+    return -1;
+}
+
+/* session.jsonl's descriptor: it stays open on the logger between records and is opened
+ * again when the file was deleted (the dump root removed and made anew). */
+static int open_session_jsonl(fi_logger *lg)
+{
+    struct stat st;
+    if (lg->session_fd >= 0 && fstat(lg->session_fd, &st) == 0 && st.st_nlink > 0)
+        return lg->session_fd;
+    if (lg->session_fd >= 0)
+        close(lg->session_fd);
+    size_t n = strlen(lg->cfg.dump_dir) + 32;
+    char *path = malloc(n);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(path, n, "%s/session.jsonl", lg->cfg.dump_dir);
+    lg->session_fd = open_append(path);
+    free(path);
+    return lg->session_fd;
+}
+
+/* The record as one line, appended to the call's metadata.jsonl (through *meta_fd when
+ * it is open; opened and kept there when meta_fd is given) and to session.jsonl. */
+static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObject *record)
+{
+    fi_buf line;
+    fi_buf_init(&line);
+    int r = fi_json_from_py(&line, record);
+    if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
+        PyErr_NoMemory();
+        r = -1;
+    }
+    int fd = meta_fd ? *meta_fd : -1;
+    if (r == 0 && fd < 0) {
+        size_t n = strlen(dir) + 32;
+        char *meta = malloc(n);
+        if (!meta) {
+            PyErr_NoMemory();
+            r = -1;
+        } else {
+            snprintf(meta, n, "%s/metadata.jsonl", dir);
+            fd = open_append(meta);
+            r = fd < 0 ? -1 : 0;
+            free(meta);
+        }
+    }
+    if (r == 0)
+        r = write_line(fd, "metadata.jsonl", dir, &line);
+    if (meta_fd)
+        *meta_fd = fd;
+    else if (fd >= 0)
+        close(fd);
+    int sfd = r == 0 ? open_session_jsonl(lg) : -1;
+    if (r == 0)
+        r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", lg->cfg.dump_dir, &line);
+    fi_buf_free(&line);
+    return r;
+}
+
+static int write_record(fi_dump_call *call)
+{
+    return write_record_at(call->lg, call->dir, &call->meta_fd, call->record);
+}
+
+static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
+                                  PyObject *tensors)
+{
+    int st = lg->cfg.safetensors;
+    size_t n = strlen(dir) + 32;
+    char *path = malloc(n);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
+    Py_ssize_t written =
+        fi_save_tensor_dict(path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH);
+    free(path);
+    return written;
+}
+
+static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
+{
+    return save_tensors_at(call->lg, call->dir, stem, tensors);
+}
+
+/* ---------------------------------------------------------------- records */
+
+static void timestamp_now(char *out, size_t n)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    size_t k = strftime(out, n, "%Y%m%d_%H%M%S", &tm);
+    snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
+}
+
+static PyObject *size_mb(long long bytes)
+{
+    return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0));
+}
+
+/* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
+static int graph_capturing(const fi_dump_tensors *ts)
+{
+    if (!ts->any_cuda)
+        return 0;
+    PyObject *cuda = PyImport_ImportModule("torch.cuda");
+    PyObject *r = cuda ? PyObject_CallMethod(cuda, "is_current_stream_capturing", NULL) : NULL;
+    int yes = r == Py_True;
+    Py_XDECREF(cuda);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return yes;
+}
+
+/* Keys that static_meta["record_extras"] (a Python callable returning a dict or None)
+ * adds to a call's records, e.g. the torch.distributed rank. Asked at every dumped call,
+ * so a process group created after the first call still shows; a failure only loses
+ * the extra keys. */
+static void add_record_extras(fi_logger *lg, PyObject *rec)
+{
+    PyObject *fn = PyDict_GetItemString(lg->static_meta, "record_extras");
+    if (!fn || fn == Py_None)
+        return;
+    PyObject *extra = PyObject_CallObject(fn, NULL);
+    if (extra && PyDict_Check(extra))
+        PyDict_Update(rec, extra);
+    Py_XDECREF(extra);
+    PyErr_Clear();
+}
+
+static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *name,
+                              const char *stamp, long long call_seq, const char *dir,
+                              fi_dump_tensors *ts, PyObject *input_meta, int capturing)
+{
+    PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
+    if (!module) {
+        PyErr_Clear();
+        module = Py_None;
+        Py_INCREF(module);
+    }
+    PyObject *versions = PyDict_GetItemString(lg->static_meta, "versions");
+    PyObject *rec = Py_BuildValue(
+        "{s:O,s:N,s:L,s:s,s:l,s:O,s:N,s:{s:O,s:N,s:L,s:N},s:O,s:s,s:O,s:O,s:s,s:O,s:s,s:L}",
+        "function_name", name, "module", module, "call_sequence", call_seq, "timestamp", stamp,
+        "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata", PyDict_New(),
+        "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys", PyList_New(0),
+        "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes), "tensor_details",
+        ts->details, "tensor_format", lg->cfg.safetensors ? "safetensors" : "torch",
+        "function_signature", api->signature_text ? api->signature_text : Py_None, "versions",
+        versions ? versions : Py_None, "execution_status",
+        capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",
+        capturing ? Py_True : Py_False, "dump_dir", dir, "sequence", lg->sequence);
+    if (rec && api->self) {
+        PyObject *id = PyLong_FromVoidPtr(api->self);
+        if (fi_dump_dict_set(rec, "self_id", id) < 0)
+            Py_CLEAR(rec);
+    }
+    if (rec)
+        add_record_extras(lg, rec);
+    return rec;
+}
+
+/* Whether bytes more stay under FLASHINFER_DUMP_MAX_SIZE_GB; the first time they would
+ * not, one warning saying what is not dumped (skipped) and how to raise the cap. */
+static int size_cap_allows(fi_logger *lg, long long bytes, const char *skipped)
+{
+    double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
+    if ((double)(lg->dump_bytes + bytes) > cap) {
+        if (!lg->size_cap_warned)
+            log_line(lg,
+                     "[flashinfer] WARNING: dump size cap reached (%g GB)%s. Raise "
+                     "FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
+                     lg->cfg.max_size_gb, skipped);
+        lg->size_cap_warned = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static int count_cap_allows(fi_logger *lg)
+{
+    if (lg->dump_count >= lg->cfg.max_count) {
+        if (!lg->count_cap_warned)
+            log_line(lg,
+                     "[flashinfer] WARNING: dump count cap reached (%lld calls); later calls are "
+                     "not dumped. Raise FLASHINFER_DUMP_MAX_COUNT to dump more.",
+                     lg->cfg.max_count);
+        lg->count_cap_warned = 1;
+        return 0;
+    }
+    return 1;
+}
+
+/* ----------------------------------------- calls held during graph capture */
+
+static void graph_entry_free(graph_entry *e)
+{
+    Py_XDECREF(e->record);
+    Py_XDECREF(e->inputs);
+    Py_XDECREF(e->outputs);
+    free(e->dir);
+    free(e);
+}
+
+static void graph_capsule_free(PyObject *capsule)
+{
+    graph_entry_free(PyCapsule_GetPointer(capsule, GRAPH_ENTRY_CAPSULE));
+}
+
+/* Holds a captured call's record and input tensors in graph_pending for the flushes. */
+static int hold_for_graph(fi_dump_call *call, PyObject *inputs)
+{
+    graph_entry *e = calloc(1, sizeof(*e));
+    if (!e || !(e->dir = strdup(call->dir))) {
+        free(e);
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->record = Py_NewRef(call->record);
+    e->inputs = Py_NewRef(inputs);
+    call->graph_capsule = PyCapsule_New(e, GRAPH_ENTRY_CAPSULE, graph_capsule_free);
+    if (!call->graph_capsule) {
+        graph_entry_free(e);
+        return -1;
+    }
+    call->graph = e;
+    return PyList_Append(call->lg->graph_pending, call->graph_capsule);
+}
+
+static void call_free(fi_dump_call *call)
+{
+    Py_XDECREF(call->lg);
+    Py_XDECREF(call->name);
+    Py_XDECREF(call->record);
+    Py_XDECREF(call->graph_capsule);
+    if (call->meta_fd >= 0)
+        close(call->meta_fd);
+    free(call->dir);
+    free(call);
+}
+
+fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *const *args,
+                            Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (fi_logger_dumps_suspended(lg))
+        return NULL;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    fi_dump_call *call = calloc(1, sizeof(*call));
+    if (call)
+        call->meta_fd = -1;
+    fi_dump_tensors ts = {0};
+    PyObject *input_meta = PyDict_New();
+    if (!call || !input_meta || fi_dump_tensors_init(&ts) < 0)
+        goto error;
+    call->lg = lg;
+    Py_INCREF(lg);
+    call->name = PyUnicode_FromString(api->api_name);
+    if (!call->name || fi_dump_encode_inputs(&ts, input_meta, args, nargs, kwnames) < 0)
+        goto error;
+    if (!count_cap_allows(lg) || !size_cap_allows(lg, ts.bytes, "; later calls are not dumped"))
+        goto skip;
+    if (ensure_root(lg) < 0)
+        goto error;
+    char stamp[32];
+    timestamp_now(stamp, sizeof stamp);
+    long long call_seq = 0;
+    call->dir = make_call_dir(lg, call->name, stamp, &call_seq);
+    if (!call->dir)
+        goto error;
+    /* while a CUDA graph is captured no device-to-host copy may run: hold the
+     * tensors and write them after each replay (flush_graph_dumps) */
+    int capturing = lg->force_graph_capture || graph_capturing(&ts);
+    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
+    if (written < 0) {
+        rmdir(call->dir);
+        goto error;
+    }
+    lg->sequence++;
+    lg->dump_count++;
+    lg->dump_bytes += written;
+    call->input_bytes = ts.bytes;
+    call->record =
+        build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta, capturing);
+    if (!call->record || write_record(call) < 0 ||
+        (capturing && hold_for_graph(call, ts.tensors) < 0))
+        goto error;
+    fi_dump_tensors_free(&ts);
+    Py_DECREF(input_meta);
+    PyErr_Restore(et, ev, tb);
+    return call;
+error:
+    log_dump_error(lg, api->api_name, "inputs");
+skip:
+    fi_dump_tensors_free(&ts);
+    Py_XDECREF(input_meta);
+    if (call)
+        call_free(call);
+    PyErr_Restore(et, ev, tb);
+    return NULL;
+}
+
+static int finish_completed(fi_dump_call *call, PyObject *result)
+{
+    fi_logger *lg = call->lg;
+    PyObject *rec = call->record;
+    fi_dump_tensors ts;
+    int r = -1;
+    if (fi_dump_tensors_init(&ts) < 0)
+        goto done;
+    PyObject *out_meta = PyDict_GetItemString(rec, "output_metadata");
+    PyObject *info = PyDict_GetItemString(rec, "tensor_info");
+    PyObject *details = PyDict_GetItemString(rec, "tensor_details");
+    if (!out_meta || !info || !details || fi_dump_encode_outputs(&ts, out_meta, result) < 0)
+        goto done;
+    long long out_bytes = 0;
+    if (call->graph) { /* captured: keep the output tensors for the flushes */
+        call->graph->outputs = Py_NewRef(ts.tensors);
+        if (PyDict_Update(details, ts.details) == 0 &&
+            fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) == 0)
+            r = 0;
+        goto done;
+    }
+    if (PyList_GET_SIZE(ts.keys) > 0) {
+        if (!size_cap_allows(lg, ts.bytes, " while saving outputs")) {
+            if (fi_dump_dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
+                goto done;
+        } else {
+            Py_ssize_t written = save_tensors(call, "outputs", ts.tensors);
+            if (written < 0) {
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+                PyErr_Restore(et, ev, tb);
+                log_dump_error(lg, PyUnicode_AsUTF8(call->name), "outputs");
+                PyObject *why = msg ? PyUnicode_FromFormat("write error: %U", msg)
+                                    : PyUnicode_FromString("write error");
+                Py_XDECREF(msg);
+                if (fi_dump_dict_set(rec, "outputs_skipped", why) < 0)
+                    goto done;
+            } else {
+                lg->dump_bytes += written;
+                out_bytes = ts.bytes;
+                if (PyDict_Update(details, ts.details) < 0 ||
+                    fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
+                    goto done;
+            }
+        }
+    }
+    long long total = call->input_bytes + out_bytes;
+    if (fi_dump_dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
+        fi_dump_dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
+        fi_dump_dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
+        fi_dump_dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
+        fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString("completed")) < 0)
+        goto done;
+    r = 0;
+done:
+    fi_dump_tensors_free(&ts);
+    return r;
+}
+
+static int finish_exception(fi_dump_call *call, PyObject *ev)
+{
+    PyObject *type_name = PyObject_GetAttr((PyObject *)Py_TYPE(ev), fi_names.name);
+    PyObject *msg = PyObject_Str(ev);
+    if (!type_name || !msg) {
+        Py_XDECREF(type_name);
+        Py_XDECREF(msg);
+        return -1;
+    }
+    PyObject *exc = Py_BuildValue("{s:N,s:N}", "type", type_name, "message", msg);
+    if (fi_dump_dict_set(call->record, "exception", exc) < 0)
+        return -1;
+    return fi_dump_dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
+}
+
+/* Removes a captured call from the pending list (it raised: nothing to flush). */
+static void drop_graph_entry(fi_dump_call *call)
+{
+    PyObject *pending = call->lg->graph_pending;
+    for (Py_ssize_t i = PyList_GET_SIZE(pending) - 1; i >= 0; i--)
+        if (PyList_GET_ITEM(pending, i) == call->graph_capsule)
+            PyList_SetSlice(pending, i, i + 1, NULL);
+}
+
+void fi_dump_end(fi_dump_call *call, PyObject *result)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int r;
+    if (result) {
+        r = finish_completed(call, result);
+        if (r == 0 && call->graph) { /* line 2 comes with the first flush */
+            call_free(call);
+            PyErr_Restore(et, ev, tb);
+            return;
+        }
+    } else {
+        PyErr_NormalizeException(&et, &ev, &tb);
+        r = ev ? finish_exception(call, ev) : 0;
+        if (call->graph)
+            drop_graph_entry(call);
+    }
+    if (r == 0)
+        r = write_record(call);
+    if (r < 0)
+        log_dump_error(call->lg, PyUnicode_AsUTF8(call->name), "outputs");
+    call_free(call);
+    if (tb && ev)
+        PyException_SetTraceback(ev, tb);
+    PyErr_Restore(et, ev, tb);
+}
+
+/* One snapshot of a captured call: graph_flushes/flush_NNNN/ plus the refreshed root
+ * files, then a "completed" line naming the flush. */
+static int flush_entry(fi_logger *lg, graph_entry *e)
+{
+    long n = ++e->flushes;
+    size_t cap = strlen(e->dir) + 64;
+    char *snap = malloc(cap);
+    if (!snap) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", e->dir, n);
+    int r = fi_make_parents(snap, 0700);
+    if (r < 0)
+        PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
+    snap[strlen(snap) - 1] = '\0';
+    long long bytes = 0;
+    const char *targets[2] = {snap, e->dir};
+    for (int i = 0; r == 0 && i < 2; i++) {
+        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", e->inputs);
+        Py_ssize_t w2 = 0;
+        if (w >= 0 && e->outputs && PyDict_GET_SIZE(e->outputs) > 0)
+            w2 = save_tensors_at(lg, targets[i], "outputs", e->outputs);
+        if (w < 0 || w2 < 0)
+            r = -1;
+        else
+            bytes += w + w2;
+    }
+    free(snap);
+    if (r < 0)
+        return -1;
+    lg->dump_bytes += bytes;
+    PyObject *record = PyDict_Copy(e->record);
+    if (!record)
+        return -1;
+    if (fi_dump_dict_set(record, "execution_status", PyUnicode_FromString("completed")) < 0 ||
+        fi_dump_dict_set(record, "graph_flush", PyLong_FromLong(n)) < 0 ||
+        write_record_at(lg, e->dir, NULL, record) < 0) {
+        Py_DECREF(record);
+        return -1;
+    }
+    Py_DECREF(record);
+    return 0;
+}
+
+/* ---------------------------------------------- the Logger's graph methods */
+
+PyDoc_STRVAR(flush_graph_dumps_doc,
+             "flush_graph_dumps()\n--\n\nWrite the tensors of calls recorded during CUDA graph "
+             "capture (their current values) as a new snapshot; returns how many calls.");
+
+static PyObject *flush_graph_dumps(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    fi_logger *lg = (fi_logger *)self;
+    PyObject *pending = PySequence_List(lg->graph_pending); /* flushing may run Python code */
+    if (!pending)
+        return NULL;
+    Py_ssize_t done = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+        graph_entry *e = PyCapsule_GetPointer(PyList_GET_ITEM(pending, i), GRAPH_ENTRY_CAPSULE);
+        if (e && flush_entry(lg, e) == 0) {
+            done++;
+            continue;
+        }
+        PyObject *name = e ? PyDict_GetItemString(e->record, "function_name") : NULL;
+        log_dump_error(lg, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
+    }
+    Py_DECREF(pending);
+    return PyLong_FromSsize_t(done);
+}
+
+PyDoc_STRVAR(clear_graph_dumps_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
+                                    "CUDA graph capture; returns how many were dropped.");
+
+static PyObject *clear_graph_dumps(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    PyObject *pending = ((fi_logger *)self)->graph_pending;
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    if (PyList_SetSlice(pending, 0, n, NULL) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef graph_methods[] = {
+    {"flush_graph_dumps", flush_graph_dumps, METH_NOARGS, flush_graph_dumps_doc},
+    {"clear_graph_dumps", clear_graph_dumps, METH_NOARGS, clear_graph_dumps_doc},
+    {NULL},
+};
+
+int fi_dump_exec(PyObject *module) { return fi_logger_add_methods(module, graph_methods); }

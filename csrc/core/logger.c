@@ -1,0 +1,316 @@
+/* logger.c: the Logger type. One per import of flashinfer.api_logging, so a
+ * re-import starts fresh (new destination, counters at zero) as SPEC 1 asks. */
+#include "logger.h"
+
+#include <structmember.h>
+#include <unistd.h>
+
+#include "module.h"
+
+static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
+{
+    (void)ctx;
+    char line[1024];
+    snprintf(line, sizeof line,
+             "[flashinfer] WARNING: invalid value %.64s=%.512s; using the default %.64s\n", var,
+             value, def);
+    fi_warn_stderr(line);
+}
+
+static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    if (PyTuple_GET_SIZE(args) || (kwargs && PyDict_GET_SIZE(kwargs))) {
+        PyErr_SetString(PyExc_TypeError, "Logger() takes no arguments");
+        return NULL;
+    }
+    fi_logger *lg = (fi_logger *)type->tp_alloc(type, 0);
+    if (!lg)
+        return NULL;
+    lg->sink.kind = FI_SINK_STDERR;
+    lg->sink.fd = -1;
+    lg->session_fd = -1;
+    lg->call_counters = PyDict_New();
+    lg->static_meta = PyDict_New();
+    lg->graph_pending = PyList_New(0);
+    if (!lg->call_counters || !lg->static_meta || !lg->graph_pending ||
+        fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
+        Py_DECREF(lg);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    if (lg->cfg.level > 0)
+        fi_sink_open(&lg->sink, lg->cfg.logdest);
+    return (PyObject *)lg;
+}
+
+static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(lg));
+    Py_VISIT(lg->call_counters);
+    Py_VISIT(lg->static_meta);
+    Py_VISIT(lg->graph_pending);
+    return 0;
+}
+
+static int logger_clear(fi_logger *lg)
+{
+    Py_CLEAR(lg->call_counters);
+    Py_CLEAR(lg->static_meta);
+    Py_CLEAR(lg->graph_pending);
+    return 0;
+}
+
+static void logger_dealloc(fi_logger *lg)
+{
+    PyTypeObject *tp = Py_TYPE(lg);
+    PyObject_GC_UnTrack(lg);
+    logger_clear(lg);
+    fi_sink_close(&lg->sink);
+    if (lg->session_fd >= 0)
+        close(lg->session_fd);
+    fi_config_free(&lg->cfg);
+    tp->tp_free(lg);
+    Py_DECREF(tp);
+}
+
+int fi_logger_dumps_suspended(fi_logger *lg)
+{
+    fi_module_state *st = PyType_GetModuleState(Py_TYPE(lg));
+    return st && st->dumps_suspended > 0;
+}
+
+const char *fi_logger_timestamp(fi_logger *lg)
+{
+    time_t now = time(NULL);
+    if (now != lg->ts_second || !lg->ts_text[0]) {
+        struct tm tm;
+        localtime_r(&now, &tm);
+        strftime(lg->ts_text, sizeof lg->ts_text, "[%Y-%m-%d %H:%M:%S]", &tm);
+        lg->ts_second = now;
+    }
+    return lg->ts_text;
+}
+
+void fi_logger_emit(fi_logger *lg, const char *data, size_t len)
+{
+    if (fi_sink_write(&lg->sink, data, len) == 0)
+        return;
+    PyErr_Clear();
+    if (lg->sink.kind != FI_SINK_STDERR)
+        fi_warn_stderr("[flashinfer] WARNING: could not write a log record\n");
+}
+
+PyDoc_STRVAR(logger_write_doc, "write(text)\n--\n\nWrite one whole record to the log destination.");
+
+static PyObject *logger_write(fi_logger *lg, PyObject *text)
+{
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+    if (!s)
+        return NULL;
+    if (fi_sink_write(&lg->sink, s, (size_t)n) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(logger_name_passes_doc,
+             "name_passes(api_name)\n--\n\nTrue when api_name passes the include/exclude filters.");
+
+static PyObject *logger_name_passes(fi_logger *lg, PyObject *name)
+{
+    const char *s = PyUnicode_AsUTF8(name);
+    if (!s)
+        return NULL;
+    return PyBool_FromLong(fi_config_name_passes(&lg->cfg, s));
+}
+
+PyDoc_STRVAR(logger_timestamp_doc, "timestamp()\n--\n\nThe current '[YYYY-MM-DD HH:MM:SS]'.");
+
+static PyObject *logger_timestamp_py(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    return PyUnicode_FromString(fi_logger_timestamp(lg));
+}
+
+static PyObject *patterns_tuple(char *const *items, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(items[i]);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+static PyObject *get_level(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(lg->cfg.level);
+}
+static PyObject *get_logdest(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->cfg.logdest);
+}
+static PyObject *get_dump_dir(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->cfg.dump_dir);
+}
+static PyObject *get_max_size_gb(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyFloat_FromDouble(lg->cfg.max_size_gb);
+}
+static PyObject *get_max_count(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyLong_FromLongLong(lg->cfg.max_count);
+}
+static PyObject *get_safetensors(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(lg->cfg.safetensors);
+}
+static PyObject *get_include(fi_logger *lg, void *c)
+{
+    (void)c;
+    return patterns_tuple(lg->cfg.include, lg->cfg.n_include);
+}
+static PyObject *get_exclude(fi_logger *lg, void *c)
+{
+    (void)c;
+    return patterns_tuple(lg->cfg.exclude, lg->cfg.n_exclude);
+}
+static PyObject *get_sink(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->sink.kind == FI_SINK_FILE     ? "file"
+                                : lg->sink.kind == FI_SINK_STDOUT ? "stdout"
+                                                                  : "stderr");
+}
+
+static PyGetSetDef logger_getset[] = {
+    {"level", (getter)get_level, NULL, "Log level after rounding (0, 1, 3, 5, 10).", NULL},
+    {"logdest", (getter)get_logdest, NULL, "FLASHINFER_LOGDEST with %i substituted.", NULL},
+    {"dump_dir", (getter)get_dump_dir, NULL, "FLASHINFER_DUMP_DIR with %i substituted.", NULL},
+    {"max_size_gb", (getter)get_max_size_gb, NULL, "FLASHINFER_DUMP_MAX_SIZE_GB.", NULL},
+    {"max_count", (getter)get_max_count, NULL, "FLASHINFER_DUMP_MAX_COUNT.", NULL},
+    {"safetensors", (getter)get_safetensors, NULL, "FLASHINFER_DUMP_SAFETENSORS.", NULL},
+    {"include", (getter)get_include, NULL, "FLASHINFER_DUMP_INCLUDE patterns.", NULL},
+    {"exclude", (getter)get_exclude, NULL, "FLASHINFER_DUMP_EXCLUDE patterns.", NULL},
+    {"sink", (getter)get_sink, NULL, "'stdout', 'stderr' or 'file' (after any fallback).", NULL},
+    {NULL},
+};
+
+static PyMemberDef logger_members[] = {
+    {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
+     "Tests: record every call as if a CUDA graph were being captured."},
+    {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
+    {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
+    {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,
+     "Dict merged into every metadata record (versions)."},
+    {NULL},
+};
+
+static PyMethodDef logger_methods[] = {
+    {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
+    {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},
+    {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},
+    {NULL},
+};
+
+PyDoc_STRVAR(logger_doc, "Logger()\n--\n\nLogging configuration and sink, read from the "
+                         "FLASHINFER_* environment variables when created.");
+
+static PyType_Slot logger_slots[] = {
+    {Py_tp_new, logger_new},
+    {Py_tp_dealloc, logger_dealloc},
+    {Py_tp_traverse, logger_traverse},
+    {Py_tp_clear, logger_clear},
+    {Py_tp_getset, logger_getset},
+    {Py_tp_members, logger_members},
+    {Py_tp_methods, logger_methods},
+    {Py_tp_doc, (void *)logger_doc},
+    {0, NULL},
+};
+
+static PyType_Spec logger_spec = {
+    .name = "flashinfer_native._C.Logger",
+    .basicsize = sizeof(fi_logger),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = logger_slots,
+};
+
+static PyTypeObject *logger_type_cache; /* the type object; immutable once made */
+
+int fi_logger_check(PyObject *obj)
+{
+    return logger_type_cache && PyObject_TypeCheck(obj, logger_type_cache);
+}
+
+PyDoc_STRVAR(suspend_doc, "suspend_dumps()\n--\n\nStop level-10 dumping in every logger of "
+                          "the process until the matching resume_dumps() (calls nest).");
+PyDoc_STRVAR(resume_doc, "resume_dumps()\n--\n\nUndo one suspend_dumps().");
+
+static PyObject *suspend_dumps(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    fi_state_of(module)->dumps_suspended++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *resume_dumps(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    fi_module_state *st = fi_state_of(module);
+    if (st->dumps_suspended <= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "resume_dumps() without a matching suspend_dumps()");
+        return NULL;
+    }
+    st->dumps_suspended--;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(suspended_doc, "dumps_suspended()\n--\n\nTrue while a suspend_dumps() is in force.");
+
+static PyObject *dumps_suspended(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(fi_state_of(module)->dumps_suspended > 0);
+}
+
+static PyMethodDef suspension_methods[] = {
+    {"suspend_dumps", suspend_dumps, METH_NOARGS, suspend_doc},
+    {"resume_dumps", resume_dumps, METH_NOARGS, resume_doc},
+    {"dumps_suspended", dumps_suspended, METH_NOARGS, suspended_doc},
+    {NULL},
+};
+
+int fi_logger_exec(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, suspension_methods) < 0)
+        return -1;
+    fi_module_state *st = fi_state_of(module);
+    st->logger_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &logger_spec, NULL);
+    if (!st->logger_type)
+        return -1;
+    logger_type_cache = st->logger_type;
+    return PyModule_AddType(module, st->logger_type);
+}
+
+int fi_logger_add_methods(PyObject *module, PyMethodDef *methods)
+{
+    PyTypeObject *type = fi_state_of(module)->logger_type;
+    for (PyMethodDef *m = methods; m->ml_name; m++) {
+        PyObject *descr = PyDescr_NewMethod(type, m);
+        int r = descr ? PyObject_SetAttrString((PyObject *)type, m->ml_name, descr) : -1;
+        Py_XDECREF(descr);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
+}

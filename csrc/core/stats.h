@@ -1,0 +1,36 @@
+/* stats.h: level-5 tensor statistics (min, max, mean, NaN and Inf counts) of a
+ * torch.Tensor on any device, and their log text. The kernels: flashinfer_kernels.h. */
+#ifndef FI_STATS_H
+#define FI_STATS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "flashinfer_kernels.h"
+#include "strbuf.h"
+
+/* Statistics of a torch.Tensor. CPU: fi_stats_cpu, the GIL released for large
+ * tensors. CUDA, built with the CUDA kernels and a float dtype they handle (f32, f16,
+ * bf16, f64, e4m3fn, e5m2): the statistics kernel on the current stream (one
+ * device-to-host copy); while the stream captures a graph, a capture-safe kernel that
+ * prints "[flashinfer stats] id=N ..." on every replay is enqueued instead and the kind
+ * is FI_STATS_DEFERRED with that id. Other CUDA dtypes (every one when the CUDA kernels
+ * are not built): FI_STATS_SKIPPED_CAPTURE while capturing (no synchronisation), otherwise
+ * torch ops on the device. Other devices: torch ops (meta tensors: FI_STATS_NONE).
+ * Returns -1 with a Python exception set on failure. */
+int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
+
+/* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
+ * each) and ended by '\n'; nothing for FI_STATS_NONE. Returns -1 on allocation failure. */
+int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
+
+/* fi_stats_of_tensor then fi_stats_format (known: the tensor's metadata when the caller
+ * read it already, else NULL); a failure (an Exception subclass) becomes the
+ * line "[statistics error: message]" and is cleared. Returns -1 with an exception set
+ * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
+int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent);
+
+/* Adds tensor_stats, format_tensor_stats and the test hooks to the module. */
+int fi_stats_exec(PyObject *module);
+
+#endif

@@ -1,0 +1,682 @@
+/* wrapper.c: the object every @flashinfer_api function becomes above level 0.
+ * A vectorcall type that logs, dumps and calls through; __get__ binds methods. */
+#include "wrapper.h"
+
+#include <structmember.h>
+
+#include "config.h"
+#include "dump.h"
+#include "format.h"
+#include "logger.h"
+#include "module.h"
+#include "strbuf.h"
+#include "tensor.h"
+
+#define SEP_LINE                                                                                   \
+    "================================================================================\n"
+#define DASH_LINE                                                                                  \
+    "--------------------------------------------------------------------------------\n"
+
+enum {
+    KIND_POSITIONAL_ONLY,
+    KIND_POSITIONAL_OR_KEYWORD,
+    KIND_VAR_POSITIONAL,
+    KIND_KEYWORD_ONLY,
+    KIND_VAR_KEYWORD
+};
+
+typedef struct {
+    PyObject *name;
+    int kind;
+    PyObject *default_value; /* NULL when the parameter has no default */
+} param_info;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *func;
+    fi_logger *logger;
+    PyObject *dict;
+    PyObject *weakrefs;
+    PyObject *name;           /* func.__name__ */
+    PyObject *owner_name;     /* class before the last dot of __qualname__, or NULL */
+    PyObject *signature_text; /* str(inspect.signature(func)) or None */
+    Py_ssize_t nparams;
+    param_info *params;
+    PyObject *cached_type;     /* last class seen for a method call ... */
+    PyObject *cached_api_name; /* ... and its "Cls.method" */
+    vectorcallfunc vectorcall;
+} fi_wrapper;
+
+typedef struct {
+    PyObject_HEAD
+    fi_wrapper *wrapper;
+    PyObject *self;
+    vectorcallfunc vectorcall;
+} fi_bound;
+
+/* ---------------------------------------------------------------- API names */
+
+/* "Cls.method" for cls, cached for the last class seen. Returns a borrowed ref. */
+static PyObject *method_name_for(fi_wrapper *w, PyObject *cls)
+{
+    if (cls == w->cached_type && w->cached_api_name)
+        return w->cached_api_name;
+    PyObject *cls_name = PyObject_GetAttr(cls, fi_names.name);
+    if (!cls_name)
+        return NULL;
+    PyObject *full = PyUnicode_FromFormat("%S.%S", cls_name, w->name);
+    Py_DECREF(cls_name);
+    if (!full)
+        return NULL;
+    Py_INCREF(cls);
+    Py_XSETREF(w->cached_type, cls);
+    Py_XSETREF(w->cached_api_name, full);
+    return full;
+}
+
+/* The API name of SPEC 2: __name__ for functions; for methods the class of self at
+ * call time. An unbound call (Cls.method(obj, ...) or a staticmethod) uses the type
+ * of the first argument when that type resolves the attribute to this very wrapper,
+ * else the class named in __qualname__ (then *self is set to that argument).
+ * Borrowed reference; NULL with exception. */
+static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!w->owner_name)
+        return w->name;
+    if (*self)
+        return method_name_for(w, PyType_Check(*self) ? *self : (PyObject *)Py_TYPE(*self));
+    if (nargs > 0) {
+        PyObject *cls = (PyObject *)Py_TYPE(args[0]);
+        int same = cls == w->cached_type && w->cached_api_name;
+        if (!same) {
+            PyObject *attr = PyObject_GetAttr(cls, w->name);
+            if (!attr)
+                PyErr_Clear();
+            same = attr == (PyObject *)w;
+            Py_XDECREF(attr);
+        }
+        if (same) {
+            *self = args[0]; /* an unbound call: the first argument is self */
+            return method_name_for(w, cls);
+        }
+    }
+    if (w->cached_type == Py_None && w->cached_api_name)
+        return w->cached_api_name;
+    PyObject *full = PyUnicode_FromFormat("%S.%S", w->owner_name, w->name);
+    if (!full)
+        return NULL;
+    Py_INCREF(Py_None);
+    Py_XSETREF(w->cached_type, Py_None);
+    Py_XSETREF(w->cached_api_name, full);
+    return full;
+}
+
+/* ------------------------------------------------------------- log records */
+
+static void emit_buf(fi_logger *lg, fi_buf *b) { fi_logger_emit(lg, b->data, b->len); }
+
+/* Writes "[LOGGING ERROR in NAME (where)]: message" for the pending exception and
+ * clears it. */
+static void emit_logging_error(fi_logger *lg, const char *name, const char *where)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    if (!msg)
+        PyErr_Clear();
+    const char *m = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    if (!m) {
+        PyErr_Clear();
+        m = "unknown error";
+    }
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_buf_printf(&b, "[LOGGING ERROR in %s (%s)]: %s\n", name, where, m);
+    emit_buf(lg, &b);
+    fi_buf_free(&b);
+    Py_XDECREF(msg);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+}
+
+static int provided_by_keyword(PyObject *name, PyObject *kwnames)
+{
+    if (!kwnames)
+        return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (k == name)
+            return 1;
+        int eq = PyUnicode_Compare(k, name) == 0;
+        if (eq)
+            return 1;
+    }
+    return 0;
+}
+
+/* The level-3/5 block written before the call (SPEC 3.3). */
+static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *const *args,
+                         Py_ssize_t nargs, PyObject *kwnames)
+{
+    int level = w->logger->cfg.level;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    fi_buf_puts(b, SEP_LINE);
+    fi_buf_printf(b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(w->logger), name);
+    fi_buf_puts(b, DASH_LINE);
+    if (nargs == 0 && nkw == 0)
+        fi_buf_puts(b, "(No explicit arguments)\n");
+    if (nargs > 0)
+        fi_buf_puts(b, "Positional input arguments:\n");
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        fi_buf_printf(b, "  arg[%zd]:\n", i);
+        if (fi_format_value(b, args[i], 2, level, 1) < 0)
+            return -1;
+    }
+    if (nkw > 0)
+        fi_buf_puts(b, "Keyword input arguments:\n");
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+        if (!key)
+            return -1;
+        fi_buf_printf(b, "  %s=\n", key);
+        if (fi_format_value(b, args[nargs + i], 2, level, 1) < 0)
+            return -1;
+    }
+    int header_done = 0;
+    Py_ssize_t positional_seen = 0;
+    for (Py_ssize_t i = 0; i < w->nparams; i++) {
+        param_info *p = &w->params[i];
+        int positional = p->kind == KIND_POSITIONAL_ONLY || p->kind == KIND_POSITIONAL_OR_KEYWORD;
+        int given = positional && positional_seen < nargs;
+        if (positional)
+            positional_seen++;
+        if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
+            continue;
+        if (!header_done) {
+            fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
+            header_done = 1;
+        }
+        const char *pname = PyUnicode_AsUTF8(p->name);
+        if (!pname)
+            return -1;
+        fi_buf_printf(b, "  %s= [DEFAULT]\n", pname);
+        if (fi_format_value(b, p->default_value, 2, level, 1) < 0)
+            return -1;
+    }
+    if (b->oom) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
+{
+    fi_buf_puts(b, "Output value:\n");
+    if (fi_format_value(b, result, 1, w->logger->cfg.level, 1) < 0)
+        return -1;
+    fi_buf_puts(b, SEP_LINE);
+    fi_buf_putc(b, '\n');
+    if (b->oom) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- the call path */
+
+/* args holds every argument (self first for bound calls); self is the bound object
+ * or NULL. Logging failures are reported in the log and never reach the caller. */
+static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames)
+{
+    fi_logger *lg = w->logger;
+    int level = lg->cfg.level;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *name_obj = api_name(w, &self, args, nargs);
+    if (!name_obj) {
+        PyErr_Clear();
+        name_obj = w->name;
+    }
+    Py_INCREF(name_obj); /* the cache may be replaced by a nested call */
+    const char *name = PyUnicode_AsUTF8(name_obj);
+    if (!name) {
+        PyErr_Clear();
+        name = "<unnamed>";
+    }
+    int detailed = level >= 3 && fi_config_name_passes(&lg->cfg, name);
+    fi_dump_call *dump = NULL;
+    fi_buf b;
+    fi_buf_init(&b);
+    if (detailed && level >= 10 && !fi_logger_dumps_suspended(lg)) {
+        fi_dump_api api = {name, w->func, w->signature_text, self};
+        dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
+    }
+    if (!detailed) {
+        fi_buf_printf(&b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+        emit_buf(lg, &b);
+    } else if (format_inputs(&b, w, name, args, nargs, kwnames) == 0) {
+        emit_buf(lg, &b);
+    } else {
+        emit_logging_error(lg, name, "pre-execution");
+    }
+
+    PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
+
+    if (result && detailed) {
+        fi_buf_reset(&b);
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (format_output(&b, w, result) == 0)
+            emit_buf(lg, &b);
+        else
+            emit_logging_error(lg, name, "outputs");
+        PyErr_Restore(et, ev, tb);
+    }
+    if (dump)
+        fi_dump_end(dump, result);
+    fi_buf_free(&b);
+    Py_DECREF(name_obj);
+    return result;
+}
+
+static PyObject *wrapper_vectorcall(fi_wrapper *w, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames)
+{
+    return wrapper_invoke(w, NULL, args, nargsf, kwnames);
+}
+
+#define SMALL_ARGS 16
+
+static PyObject *bound_vectorcall(fi_bound *bm, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *result;
+    if (nargsf & PY_VECTORCALL_ARGUMENTS_OFFSET) {
+        /* the caller lent us args[-1]: put self there, as bound methods do */
+        PyObject **shifted = (PyObject **)args - 1;
+        PyObject *saved = shifted[0];
+        shifted[0] = bm->self;
+        result = wrapper_invoke(bm->wrapper, bm->self, shifted, (size_t)(nargs + 1), kwnames);
+        shifted[0] = saved;
+        return result;
+    }
+    PyObject *small[SMALL_ARGS + 1];
+    PyObject **stack = small;
+    if (total + 1 > SMALL_ARGS) {
+        stack = PyMem_Malloc((size_t)(total + 2) * sizeof(PyObject *));
+        if (!stack)
+            return PyErr_NoMemory();
+    }
+    /* slot 0 stays free so the callee may use PY_VECTORCALL_ARGUMENTS_OFFSET */
+    stack[1] = bm->self;
+    if (total > 0)
+        memcpy(stack + 2, args, (size_t)total * sizeof(PyObject *));
+    result = wrapper_invoke(bm->wrapper, bm->self, stack + 1,
+                            (size_t)(nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return result;
+}
+
+/* ------------------------------------------------------------ construction */
+
+/* The class segment before the last dot of __qualname__, or NULL for functions
+ * (no dot, or a "<locals>" segment). Returns a new reference or NULL (no error). */
+static PyObject *owner_from_qualname(PyObject *func)
+{
+    PyObject *qn = PyObject_GetAttr(func, fi_names.qualname);
+    if (!qn || !PyUnicode_Check(qn)) {
+        PyErr_Clear();
+        Py_XDECREF(qn);
+        return NULL;
+    }
+    Py_ssize_t len = PyUnicode_GET_LENGTH(qn);
+    Py_ssize_t last = PyUnicode_FindChar(qn, '.', 0, len, -1);
+    PyObject *owner = NULL;
+    if (last > 0) {
+        Py_ssize_t prev = PyUnicode_FindChar(qn, '.', 0, last, -1);
+        owner = PyUnicode_Substring(qn, prev + 1, last);
+        if (owner && PyUnicode_CompareWithASCIIString(owner, "<locals>") == 0)
+            Py_CLEAR(owner);
+    }
+    PyErr_Clear();
+    Py_DECREF(qn);
+    return owner;
+}
+
+static int parse_params(fi_wrapper *w, PyObject *params)
+{
+    if (params == Py_None)
+        return 0;
+    PyObject *seq =
+        PySequence_Fast(params, "params must be a sequence of (name, kind, has_default, default)");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    w->params = PyMem_Calloc((size_t)(n ? n : 1), sizeof(param_info));
+    if (!w->params) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *name, *def;
+        int kind, has_default;
+        if (!PyArg_ParseTuple(item, "UipO:param", &name, &kind, &has_default, &def)) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        Py_INCREF(name);
+        w->params[i].name = name;
+        w->params[i].kind = kind;
+        if (has_default) {
+            Py_INCREF(def);
+            w->params[i].default_value = def;
+        }
+        w->nparams = i + 1;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"func", "logger", "params", "signature_text", NULL};
+    PyObject *func, *logger, *params = Py_None, *sig = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:APIWrapper", kwlist, &func, &logger,
+                                     &params, &sig))
+        return NULL;
+    if (!PyCallable_Check(func)) {
+        PyErr_Format(PyExc_TypeError, "flashinfer_api expects a callable, got %.200s",
+                     Py_TYPE(func)->tp_name);
+        return NULL;
+    }
+    if (!fi_logger_check(logger)) {
+        PyErr_Format(PyExc_TypeError, "logger must be a flashinfer_native._C.Logger, got %.200s",
+                     Py_TYPE(logger)->tp_name);
+        return NULL;
+    }
+    fi_wrapper *w = (fi_wrapper *)type->tp_alloc(type, 0);
+    if (!w)
+        return NULL;
+    Py_INCREF(func);
+    w->func = func;
+    Py_INCREF(logger);
+    w->logger = (fi_logger *)logger;
+    Py_INCREF(sig);
+    w->signature_text = sig;
+    w->vectorcall = (vectorcallfunc)wrapper_vectorcall;
+    w->name = PyObject_GetAttr(func, fi_names.name);
+    if (!w->name || !PyUnicode_Check(w->name)) {
+        PyErr_Clear();
+        Py_XSETREF(w->name, PyUnicode_FromString(Py_TYPE(func)->tp_name));
+        if (!w->name) {
+            Py_DECREF(w);
+            return NULL;
+        }
+    }
+    w->owner_name = owner_from_qualname(func);
+    if (parse_params(w, params) < 0) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return (PyObject *)w;
+}
+
+static int wrapper_traverse(fi_wrapper *w, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(w));
+    Py_VISIT(w->func);
+    Py_VISIT(w->logger);
+    Py_VISIT(w->dict);
+    Py_VISIT(w->signature_text);
+    Py_VISIT(w->cached_type);
+    for (Py_ssize_t i = 0; i < w->nparams; i++)
+        Py_VISIT(w->params[i].default_value);
+    return 0;
+}
+
+static int wrapper_clear(fi_wrapper *w)
+{
+    Py_CLEAR(w->func);
+    Py_CLEAR(w->logger);
+    Py_CLEAR(w->dict);
+    Py_CLEAR(w->name);
+    Py_CLEAR(w->owner_name);
+    Py_CLEAR(w->signature_text);
+    Py_CLEAR(w->cached_type);
+    Py_CLEAR(w->cached_api_name);
+    for (Py_ssize_t i = 0; i < w->nparams; i++) {
+        Py_CLEAR(w->params[i].name);
+        Py_CLEAR(w->params[i].default_value);
+    }
+    return 0;
+}
+
+static void wrapper_dealloc(fi_wrapper *w)
+{
+    PyTypeObject *tp = Py_TYPE(w);
+    PyObject_GC_UnTrack(w);
+    if (w->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)w);
+    wrapper_clear(w);
+    PyMem_Free(w->params);
+    tp->tp_free(w);
+    Py_DECREF(tp);
+}
+
+static PyObject *wrapper_descr_get(fi_wrapper *w, PyObject *obj, PyObject *type)
+{
+    (void)type;
+    if (!obj || obj == Py_None) {
+        Py_INCREF(w);
+        return (PyObject *)w;
+    }
+    PyObject *module = PyType_GetModule(Py_TYPE(w));
+    if (!module)
+        return NULL;
+    PyTypeObject *bound_type = fi_state_of(module)->bound_type;
+    fi_bound *bm = (fi_bound *)bound_type->tp_alloc(bound_type, 0);
+    if (!bm)
+        return NULL;
+    Py_INCREF(w);
+    bm->wrapper = w;
+    Py_INCREF(obj);
+    bm->self = obj;
+    bm->vectorcall = (vectorcallfunc)bound_vectorcall;
+    return (PyObject *)bm;
+}
+
+static PyObject *wrapper_repr(fi_wrapper *w)
+{
+    return PyUnicode_FromFormat("<flashinfer_api wrapper of %R>", w->func);
+}
+
+static PyObject *wrapper_get_api_name(fi_wrapper *w, void *c)
+{
+    (void)c;
+    if (w->owner_name)
+        return PyUnicode_FromFormat("%S.%S", w->owner_name, w->name);
+    Py_INCREF(w->name);
+    return w->name;
+}
+
+static PyGetSetDef wrapper_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"_api_name", (getter)wrapper_get_api_name, NULL, "API name used for direct calls.", NULL},
+    {NULL},
+};
+
+static PyMemberDef wrapper_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(fi_wrapper, vectorcall), READONLY, NULL},
+    {"__dictoffset__", T_PYSSIZET, offsetof(fi_wrapper, dict), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(fi_wrapper, weakrefs), READONLY, NULL},
+    {"_func", T_OBJECT, offsetof(fi_wrapper, func), READONLY, "The wrapped callable."},
+    {"_logger", T_OBJECT, offsetof(fi_wrapper, logger), READONLY, "The Logger in use."},
+    {NULL},
+};
+
+PyDoc_STRVAR(wrapper_doc,
+             "APIWrapper(func, logger, params=None, signature_text=None)\n--\n\n"
+             "A function decorated with @flashinfer_api: logs (and at level 10 dumps) each "
+             "call, then calls func.");
+
+static PyType_Slot wrapper_slots[] = {
+    {Py_tp_new, wrapper_new},
+    {Py_tp_dealloc, wrapper_dealloc},
+    {Py_tp_traverse, wrapper_traverse},
+    {Py_tp_clear, wrapper_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_descr_get, wrapper_descr_get},
+    {Py_tp_repr, wrapper_repr},
+    {Py_tp_getset, wrapper_getset},
+    {Py_tp_members, wrapper_members},
+    {Py_tp_doc, (void *)wrapper_doc},
+    {0, NULL},
+};
+
+static PyType_Spec wrapper_spec = {
+    .name = "flashinfer_native._C.APIWrapper",
+    .basicsize = sizeof(fi_wrapper),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = wrapper_slots,
+};
+
+/* ---------------------------------------------------------- the bound type */
+
+static int bound_traverse(fi_bound *bm, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(bm));
+    Py_VISIT(bm->wrapper);
+    Py_VISIT(bm->self);
+    return 0;
+}
+
+static int bound_clear(fi_bound *bm)
+{
+    Py_CLEAR(bm->wrapper);
+    Py_CLEAR(bm->self);
+    return 0;
+}
+
+static void bound_dealloc(fi_bound *bm)
+{
+    PyTypeObject *tp = Py_TYPE(bm);
+    PyObject_GC_UnTrack(bm);
+    bound_clear(bm);
+    tp->tp_free(bm);
+    Py_DECREF(tp);
+}
+
+/* Unknown attributes (__name__, __doc__, __wrapped__, ...) come from the wrapper. */
+static PyObject *bound_getattro(fi_bound *bm, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr((PyObject *)bm, name);
+    if (r || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return r;
+    PyErr_Clear();
+    return PyObject_GetAttr((PyObject *)bm->wrapper, name);
+}
+
+/* inspect.signature of a bound method: the wrapped signature without self. */
+static PyObject *bound_get_signature(fi_bound *bm, void *c)
+{
+    (void)c;
+    PyObject *inspect = PyImport_ImportModule("inspect");
+    if (!inspect)
+        return NULL;
+    PyObject *sig = PyObject_CallMethod(inspect, "signature", "O", bm->wrapper->func);
+    Py_DECREF(inspect);
+    if (!sig)
+        return NULL;
+    PyObject *params = PyObject_GetAttrString(sig, "parameters");
+    PyObject *values = params ? PyObject_CallMethod(params, "values", NULL) : NULL;
+    PyObject *list = values ? PySequence_List(values) : NULL;
+    Py_XDECREF(params);
+    Py_XDECREF(values);
+    PyObject *result = NULL;
+    if (list) {
+        PyObject *rest = PyList_GetSlice(list, 1, PyList_GET_SIZE(list));
+        if (rest) {
+            PyObject *kw = Py_BuildValue("{s:O}", "parameters", rest);
+            PyObject *replace = kw ? PyObject_GetAttrString(sig, "replace") : NULL;
+            PyObject *empty = PyTuple_New(0);
+            if (replace && empty)
+                result = PyObject_Call(replace, empty, kw);
+            Py_XDECREF(empty);
+            Py_XDECREF(replace);
+            Py_XDECREF(kw);
+            Py_DECREF(rest);
+        }
+        Py_DECREF(list);
+    }
+    Py_DECREF(sig);
+    return result;
+}
+
+static PyObject *bound_get_func(fi_bound *bm, void *c)
+{
+    (void)c;
+    Py_INCREF(bm->wrapper);
+    return (PyObject *)bm->wrapper;
+}
+
+static PyObject *bound_get_self(fi_bound *bm, void *c)
+{
+    (void)c;
+    Py_INCREF(bm->self);
+    return bm->self;
+}
+
+static PyObject *bound_repr(fi_bound *bm)
+{
+    return PyUnicode_FromFormat("<bound flashinfer_api method %S of %R>", bm->wrapper->name,
+                                bm->self);
+}
+
+static PyGetSetDef bound_getset[] = {
+    {"__signature__", (getter)bound_get_signature, NULL, NULL, NULL},
+    {"__func__", (getter)bound_get_func, NULL, NULL, NULL},
+    {"__self__", (getter)bound_get_self, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyMemberDef bound_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(fi_bound, vectorcall), READONLY, NULL},
+    {NULL},
+};
+
+static PyType_Slot bound_slots[] = {
+    {Py_tp_dealloc, bound_dealloc},  {Py_tp_traverse, bound_traverse}, {Py_tp_clear, bound_clear},
+    {Py_tp_call, PyVectorcall_Call}, {Py_tp_getattro, bound_getattro}, {Py_tp_repr, bound_repr},
+    {Py_tp_getset, bound_getset},    {Py_tp_members, bound_members},   {0, NULL},
+};
+
+static PyType_Spec bound_spec = {
+    .name = "flashinfer_native._C.APIBoundMethod",
+    .basicsize = sizeof(fi_bound),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = bound_slots,
+};
+
+int fi_wrapper_exec(PyObject *module)
+{
+    fi_module_state *st = fi_state_of(module);
+    st->wrapper_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &wrapper_spec, NULL);
+    if (!st->wrapper_type)
+        return -1;
+    st->bound_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &bound_spec, NULL);
+    if (!st->bound_type)
+        return -1;
+    if (PyModule_AddType(module, st->wrapper_type) < 0)
+        return -1;
+    return PyModule_AddType(module, st->bound_type);
+}

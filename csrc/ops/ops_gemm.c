@@ -1,0 +1,433 @@
+/* ops_gemm.c: checks the arguments of the GEMM and fp4 entry points (types, devices,
+ * dtypes, shapes, output buffers) and runs the CPU or CUDA kernels with the GIL released. */
+#include "ops_gemm.h"
+
+#include "args.h"
+#include "tensor.h"
+
+/* Contiguous, or the transpose of a contiguous 2-D tensor (b_descale is passed as sf.T). */
+static int is_dense(const fi_tensor *t)
+{
+    if (fi_tensor_is_contiguous(t))
+        return 1;
+    return t->ndim == 2 && (t->shape[0] == 1 || t->stride[0] == 1) &&
+           (t->shape[1] == 1 || t->stride[1] == t->shape[0]);
+}
+
+/* A one-element float32 tensor (a scale or alpha). */
+static int check_scalar_f32(const fi_arg *a)
+{
+    static const fi_dtype f32[] = {FI_DTYPE_F32};
+    if (fi_arg_check_dtype(a, f32, 1) < 0)
+        return -1;
+    if (fi_tensor_numel(&a->t) != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: expected one float32 value, got %lld elements", a->name,
+                     (long long)fi_tensor_numel(&a->t));
+        return -1;
+    }
+    return 0;
+}
+
+static int check_threads(int num_threads)
+{
+    if (num_threads >= 1 && num_threads <= 4096)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "num_threads: %d is out of range; expected 1..4096",
+                 num_threads);
+    return -1;
+}
+
+/* rc of a kernel: 0, -1 (scratch memory ran out) or, from the CUDA kernels, > 0 with the
+ * reason in fi_cuda_last_error(). */
+static PyObject *kernel_result(int rc, const char *op)
+{
+    if (rc < 0)
+        return PyErr_Format(PyExc_MemoryError, "%s: could not allocate kernel scratch memory", op);
+#ifdef FI_WITH_CUDA
+    if (rc > 0)
+        return PyErr_Format(PyExc_RuntimeError, "%s: %s", op, fi_cuda_last_error());
+#endif
+    Py_RETURN_NONE;
+}
+
+static int on_cuda(const fi_tensor *t) { return t->device_type == FI_DEVICE_CUDA; }
+
+/* The kernel for the tensors' device (the glue has refused CUDA in a build without it). */
+static int run_gemm_fp8(const fi_gemm_fp8_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->a))
+        return fi_gemm_fp8_cuda(p);
+#endif
+    return fi_gemm_fp8_cpu(p);
+}
+
+static int run_fp4_quantize(const fi_fp4_quantize_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->x))
+        return fi_fp4_quantize_cuda(p);
+#endif
+    return fi_fp4_quantize_cpu(p);
+}
+
+static int run_gemm_fp4(const fi_gemm_fp4_params *p)
+{
+#ifdef FI_WITH_CUDA
+    if (on_cuda(&p->a))
+        return fi_gemm_fp4_cuda(p);
+#endif
+    return fi_gemm_fp4_cpu(p);
+}
+
+/* bmm_fp8's backend argument. */
+enum { BMM_NATIVE = 0, BMM_CUBLASLT = 1, BMM_CUBLASLT_ONLY = 2 };
+
+static const fi_dtype fp8_kinds[] = {FI_DTYPE_E4M3FN, FI_DTYPE_E5M2};
+
+/* bmm_fp8 on CUDA tensors (already checked): cuBLASLt and/or the native kernel. */
+static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, fi_arg *ws, const char *lib_dir,
+                              fi_arg *out)
+{
+#ifdef FI_WITH_CUDA
+    void *ws_data = NULL;
+    size_t ws_bytes = 0;
+    if (ws->obj != Py_None) {
+        static const fi_dtype u8[] = {FI_DTYPE_U8};
+        fi_arg *pair[2] = {out, ws};
+        if (fi_arg_read(ws) < 0 || fi_args_check_devices("bmm_fp8", pair, 2) < 0 ||
+            fi_arg_check_dtype(ws, u8, 1) < 0 || fi_arg_check_contiguous(ws) < 0)
+            return NULL;
+        ws_data = ws->t.data;
+        ws_bytes = (size_t)fi_tensor_numel(&ws->t);
+    }
+    int rc = 0, lt_done = 0;
+    const char *why = "not tried";
+    Py_BEGIN_ALLOW_THREADS
+    if (backend != BMM_NATIVE)
+        lt_done = fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
+    if (!lt_done && backend != BMM_CUBLASLT_ONLY)
+        rc = fi_gemm_fp8_cuda(p);
+    Py_END_ALLOW_THREADS
+    if (!lt_done && backend == BMM_CUBLASLT_ONLY)
+        return PyErr_Format(PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
+    return kernel_result(rc, "bmm_fp8");
+#else
+    (void)p, (void)backend, (void)ws, (void)lib_dir, (void)out;
+    return PyErr_Format(PyExc_ValueError, "bmm_fp8: this build has no CUDA support");
+#endif
+}
+
+static const fi_dtype half_kinds[] = {FI_DTYPE_BF16, FI_DTYPE_F16};
+
+PyDoc_STRVAR(bmm_fp8_doc,
+             "bmm_fp8(A, B, A_scale, B_scale, out, num_threads, stream=0, backend=0,\n"
+             "        workspace=None, lib_dir=None)\n--\n\n"
+             "out = (A @ B) * A_scale * B_scale for fp8 A [b, m, k], B [b, k, n].\n"
+             "CUDA tensors: launched on stream (a cudaStream_t as an int); backend 0 runs\n"
+             "the native kernel, 1 cuBLASLt falling back to it, 2 cuBLASLt only\n"
+             "(RuntimeError when it cannot); workspace is a uint8 CUDA tensor for cuBLASLt,\n"
+             "lib_dir a directory searched for libcublasLt on first use.");
+
+static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
+{
+    (void)self;
+    fi_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"},
+           out = {.name = "out"};
+    fi_arg ws = {.name = "workspace"};
+    int num_threads, backend = BMM_NATIVE;
+    unsigned long long stream = 0;
+    const char *lib_dir = NULL;
+    ws.obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOi|KiOz:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj, &out.obj,
+                          &num_threads, &stream, &backend, &ws.obj, &lib_dir))
+        return NULL;
+    if (backend < BMM_NATIVE || backend > BMM_CUBLASLT_ONLY)
+        return PyErr_Format(PyExc_ValueError,
+                            "backend: %d is not a backend; expected 0 (native), 1 (cuBLASLt, "
+                            "else native) or 2 (cuBLASLt only)",
+                            backend);
+    fi_arg *all[] = {&A, &B, &as, &bs, &out};
+    for (int i = 0; i < 4; i++)
+        if (fi_arg_read(all[i]) < 0)
+            return NULL;
+    if (fi_args_check_devices("bmm_fp8", all, 4) < 0 || fi_arg_check_dtype(&A, fp8_kinds, 2) < 0 ||
+        fi_arg_check_dtype(&B, fp8_kinds, 2) < 0 || fi_arg_check_ndim(&A, 3, "[b, m, k]") < 0 ||
+        fi_arg_check_ndim(&B, 3, "[b, k, n]") < 0)
+        return NULL;
+    if (B.t.shape[0] != A.t.shape[0])
+        return PyErr_Format(PyExc_ValueError,
+                            "B: batch size %lld does not match A's batch size %lld",
+                            (long long)B.t.shape[0], (long long)A.t.shape[0]);
+    if (B.t.shape[1] != A.t.shape[2])
+        return PyErr_Format(PyExc_ValueError,
+                            "B: k = %lld (B.shape[1]) does not match A's k = %lld (A.shape[2])",
+                            (long long)B.t.shape[1], (long long)A.t.shape[2]);
+    int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
+    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("bmm_fp8", all, 5) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 3) < 0 ||
+        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        return NULL;
+    fi_gemm_fp8_params p = {.a = A.t,
+                            .b = B.t,
+                            .out = out.t,
+                            .b_layout = FI_GEMM_B_STRIDED,
+                            .a_scale = as.t.data,
+                            .b_scale = bs.t.data,
+                            .num_threads = num_threads,
+                            .stream = (void *)(uintptr_t)stream};
+    if (on_cuda(&A.t))
+        return bmm_fp8_cuda(&p, backend, &ws, lib_dir, &out);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_gemm_fp8_cpu(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "bmm_fp8");
+}
+
+PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\n"
+                         "out = alpha * (a @ w.T) for e4m3 a [m, k] and the prepared weight\n"
+                         "b [k // 128, n, 128]; alpha may be None.");
+
+static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
+{
+    (void)self;
+    fi_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
+    int num_threads;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOi|K:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
+                          &num_threads, &stream))
+        return NULL;
+    fi_arg *all[4] = {&a, &b, &alpha, &out};
+    int n = alpha.obj == Py_None ? 2 : 3;
+    all[n] = &out;
+    for (int i = 0; i < n; i++)
+        if (fi_arg_read(all[i]) < 0)
+            return NULL;
+    static const fi_dtype e4m3[] = {FI_DTYPE_E4M3FN};
+    if (fi_args_check_devices("mm_fp8", all, n) < 0 || fi_arg_check_dtype(&a, e4m3, 1) < 0 ||
+        fi_arg_check_dtype(&b, e4m3, 1) < 0 || fi_arg_check_ndim(&a, 2, "[m, k]") < 0 ||
+        fi_arg_check_ndim(&b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") < 0)
+        return NULL;
+    if (b.t.shape[2] != 128 || b.t.shape[0] * 128 != a.t.shape[1])
+        return PyErr_Format(PyExc_ValueError,
+                            "b: shape [%lld, %lld, %lld] does not fit a's k = %lld; expected "
+                            "[k // 128, n, 128] with k a multiple of 128",
+                            (long long)b.t.shape[0], (long long)b.t.shape[1],
+                            (long long)b.t.shape[2], (long long)a.t.shape[1]);
+    int64_t want[2] = {a.t.shape[0], b.t.shape[1]};
+    if ((n == 3 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("mm_fp8", all, n + 1) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        return NULL;
+    fi_gemm_fp8_params p = {.out = out.t,
+                            .b = b.t,
+                            .b_layout = FI_GEMM_B_BLOCK_K128,
+                            .a_scale = n == 3 ? alpha.t.data : NULL,
+                            .num_threads = num_threads};
+    /* a as a batch of one: [1, m, k] */
+    p.a = a.t;
+    p.a.ndim = 3;
+    p.a.shape[0] = 1, p.a.shape[1] = a.t.shape[0], p.a.shape[2] = a.t.shape[1];
+    p.a.stride[0] = 0, p.a.stride[1] = a.t.stride[0], p.a.stride[2] = a.t.stride[1];
+    p.out.ndim = 3;
+    p.out.shape[0] = 1, p.out.shape[1] = out.t.shape[0], p.out.shape[2] = out.t.shape[1];
+    p.stream = (void *)(uintptr_t)stream;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_gemm_fp8(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "mm_fp8");
+}
+
+static int check_layout(int layout)
+{
+    if (layout == FI_SF_LAYOUT_128X4 || layout == FI_SF_LAYOUT_8X4 || layout == FI_SF_LAYOUT_LINEAR)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "sf_layout: %d is not a layout; expected 0 (128x4), 1 (8x4) or 2 (linear)",
+                 layout);
+    return -1;
+}
+
+static int check_sf_numel(const fi_arg *a, int64_t want)
+{
+    if (fi_tensor_numel(&a->t) == want)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: holds %lld scale bytes but the layout needs %lld", a->name,
+                 (long long)fi_tensor_numel(&a->t), (long long)want);
+    return -1;
+}
+
+PyDoc_STRVAR(fp4_quantize_doc,
+             "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
+             "             is_global_scale_inversed, num_threads, stream=0)\n--\n\n"
+             "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.");
+
+static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    fi_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
+           sf = {.name = "sf"};
+    int sv, ue8m0, layout, inversed, num_threads;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
+                          &ue8m0, &layout, &inversed, &num_threads, &stream))
+        return NULL;
+    fi_arg *all[4] = {&x, &xq, &sf, &gs};
+    int n = gs.obj == Py_None ? 3 : 4;
+    for (int i = 0; i < n; i++)
+        if (fi_arg_read(all[i]) < 0)
+            return NULL;
+    static const fi_dtype floats[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
+    static const fi_dtype u8[] = {FI_DTYPE_U8};
+    if (fi_args_check_devices("fp4_quantize", all, n) < 0 ||
+        fi_arg_check_dtype(&x, floats, 3) < 0 || fi_arg_check_ndim(&x, 2, "[m, k]") < 0 ||
+        check_layout(layout) < 0 || check_threads(num_threads) < 0)
+        return NULL;
+    if (sv != 16 && sv != 32)
+        return PyErr_Format(PyExc_ValueError, "sf_vec_size: %d is not supported; expected 16 or 32",
+                            sv);
+    int64_t m = x.t.shape[0], k = x.t.shape[1];
+    if (k % sv != 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "input: k = %lld (the last dimension) must be a multiple of "
+                            "sf_vec_size = %d",
+                            (long long)k, sv);
+    int64_t want_q[2] = {m, k / 2};
+    if ((n == 4 && check_scalar_f32(&gs) < 0) || fi_arg_check_dtype(&xq, u8, 1) < 0 ||
+        fi_arg_check_shape(&xq, want_q, 2) < 0 || fi_arg_check_contiguous(&xq) < 0 ||
+        fi_arg_check_dtype(&sf, u8, 1) < 0 || fi_arg_check_contiguous(&sf) < 0 ||
+        check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
+        return NULL;
+    fi_fp4_quantize_params p = {.x = x.t,
+                                .x_q = xq.t.data,
+                                .sf = sf.t.data,
+                                .global_scale = n == 4 ? gs.t.data : NULL,
+                                .global_scale_inversed = inversed,
+                                .sf_vec_size = sv,
+                                .sf_ue8m0 = ue8m0,
+                                .sf_layout = (fi_sf_layout)layout,
+                                .num_threads = num_threads,
+                                .stream = (void *)(uintptr_t)stream};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_fp4_quantize(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "fp4_quantize");
+}
+
+PyDoc_STRVAR(mm_fp4_doc,
+             "mm_fp4(a, b, a_descale, b_descale, alpha, out, block_size, sf_layout, sf_ue8m0,\n"
+             "       num_threads, stream=0)\n--\n\n"
+             "out = alpha * dequant(a) @ dequant(b) for packed fp4 a [m, k/2], b [k/2, n].");
+
+static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
+{
+    (void)self;
+    fi_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"},
+           bsf = {.name = "b_descale"}, alpha = {.name = "alpha"}, out = {.name = "out"};
+    int bs, layout, ue8m0, num_threads;
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOiipi|K:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
+                          &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads, &stream))
+        return NULL;
+    fi_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
+    int n = alpha.obj == Py_None ? 4 : 5;
+    all[n] = &out;
+    for (int i = 0; i < n; i++)
+        if (fi_arg_read(all[i]) < 0)
+            return NULL;
+    static const fi_dtype packed[] = {FI_DTYPE_U8, FI_DTYPE_FP4X2};
+    static const fi_dtype scales[] = {FI_DTYPE_U8, FI_DTYPE_E4M3FN, FI_DTYPE_E8M0FNU};
+    if (fi_args_check_devices("mm_fp4", all, n) < 0 || fi_arg_check_dtype(&a, packed, 2) < 0 ||
+        fi_arg_check_dtype(&b, packed, 2) < 0 || fi_arg_check_ndim(&a, 2, "[m, k/2]") < 0 ||
+        fi_arg_check_ndim(&b, 2, "[k/2, n]") < 0 || check_layout(layout) < 0 ||
+        check_threads(num_threads) < 0)
+        return NULL;
+    if (bs != 16 && bs != 32)
+        return PyErr_Format(PyExc_ValueError, "block_size: %d is not supported; expected 16 or 32",
+                            bs);
+    if (b.t.shape[0] != a.t.shape[1])
+        return PyErr_Format(PyExc_ValueError,
+                            "b: k/2 = %lld (b.shape[0]) does not match a's k/2 = %lld "
+                            "(a.shape[1])",
+                            (long long)b.t.shape[0], (long long)a.t.shape[1]);
+    int64_t m = a.t.shape[0], n_out = b.t.shape[1], k = a.t.shape[1] * 2;
+    if (k % bs != 0)
+        return PyErr_Format(PyExc_ValueError,
+                            "a: k = %lld (2 * a.shape[1]) must be a multiple of block_size = %d",
+                            (long long)k, bs);
+    int64_t want[2] = {m, n_out};
+    /* a's scales may be 8x4 (small-m friendly); b's then stay 128x4, as in FlashInfer */
+    fi_sf_layout b_layout = layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
+    if (fi_arg_check_dtype(&asf, scales, 3) < 0 || fi_arg_check_dtype(&bsf, scales, 3) < 0 ||
+        check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
+        check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, b_layout)) < 0)
+        return NULL;
+    fi_arg *sfs[2] = {&asf, &bsf};
+    for (int i = 0; i < 2; i++)
+        if (!is_dense(&sfs[i]->t))
+            return PyErr_Format(PyExc_ValueError,
+                                "%s: must be contiguous (or the .T of a contiguous tensor), "
+                                "as nvfp4_quantize returns it",
+                                sfs[i]->name);
+    if ((n == 5 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("mm_fp4", all, n + 1) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&out) < 0)
+        return NULL;
+    fi_gemm_fp4_params p = {.a = a.t,
+                            .b = b.t,
+                            .a_sf = asf.t.data,
+                            .b_sf = bsf.t.data,
+                            .sf_layout = (fi_sf_layout)layout,
+                            .b_sf_layout = b_layout,
+                            .block_size = bs,
+                            .sf_ue8m0 = ue8m0,
+                            .alpha = n == 5 ? alpha.t.data : NULL,
+                            .out = out.t,
+                            .num_threads = num_threads,
+                            .stream = (void *)(uintptr_t)stream};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_gemm_fp4(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "mm_fp4");
+}
+
+PyDoc_STRVAR(cublaslt_library_doc,
+             "cublaslt_library(lib_dir=None)\n--\n\n"
+             "Loads cuBLASLt for bmm_fp8 if not yet tried (lib_dir is searched after the\n"
+             "libraries the process has loaded); returns the name it was loaded by, or None\n"
+             "(also in a build without CUDA).");
+
+static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *lib_dir = NULL;
+    if (!PyArg_ParseTuple(args, "|z:cublaslt_library", &lib_dir))
+        return NULL;
+#ifdef FI_WITH_CUDA
+    const char *name;
+    Py_BEGIN_ALLOW_THREADS
+    name = fi_cublaslt_library(lib_dir);
+    Py_END_ALLOW_THREADS
+    if (name)
+        return PyUnicode_DecodeFSDefault(name);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef gemm_methods[] = {
+    {"cublaslt_library", py_cublaslt_library, METH_VARARGS, cublaslt_library_doc},
+    {"bmm_fp8", py_bmm_fp8, METH_VARARGS, bmm_fp8_doc},
+    {"mm_fp8", py_mm_fp8, METH_VARARGS, mm_fp8_doc},
+    {"fp4_quantize", py_fp4_quantize, METH_VARARGS, fp4_quantize_doc},
+    {"mm_fp4", py_mm_fp4, METH_VARARGS, mm_fp4_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int fi_gemm_exec(PyObject *module) { return PyModule_AddFunctions(module, gemm_methods); }

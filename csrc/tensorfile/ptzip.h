@@ -1,0 +1,20 @@
+/* ptzip.h: PyTorch's zip serialization format (what torch.save writes for a dict of
+ * tensors): stored records, 64-byte aligned data, CRC-32, zip64 end records. */
+#ifndef FI_PTZIP_H
+#define FI_PTZIP_H
+
+#include "tensorbytes.h"
+
+/* Writes the whole archive: data.pkl (pickle[0..pickle_len)), the version records and
+ * one record per tensor with the bytes its view spans. Runs without the GIL; returns
+ * -1 with o->err set on failure. */
+int fi_ptzip_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const char *pickle,
+                   size_t pickle_len);
+
+/* Nonzero when data looks like a zip archive (local header or empty-archive magic). */
+int fi_ptzip_sniff(const uint8_t *data, size_t size);
+
+/* Parses the archive data[0..size) of path (mapped by mm) into {str: Tensor}. */
+PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, size_t size);
+
+#endif

@@ -1,0 +1,314 @@
+/* tensorio.c: save_tensors / load_tensors: collecting tensors with the GIL, writing a
+ * temporary file without it and renaming it into place, and mapping files back. */
+#include "tensorio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crc32.h"
+#include "pickle.h"
+#include "ptzip.h"
+#include "safetensors.h"
+#include "tensor.h"
+#include "tensorbytes.h"
+
+#define STAGE_SIZE ((size_t)64 << 10)
+
+/* ---- saving ---- */
+
+static void free_saved(fi_saved_tensor *ts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        Py_XDECREF(ts[i].key_obj);
+        Py_XDECREF(ts[i].obj);
+    }
+    PyMem_Free(ts);
+}
+
+/* Host tensor with conjugate/negative bits resolved (raw memory must hold the values). */
+static PyObject *host_tensor(PyObject *value, PyObject *key)
+{
+    if (!fi_is_tensor(value)) {
+        PyErr_Format(PyExc_TypeError, "tensors[%R] is not a torch.Tensor (got %.200s)", key,
+                     Py_TYPE(value)->tp_name);
+        return NULL;
+    }
+    PyObject *is_cuda = PyObject_GetAttr(value, fi_names.is_cuda);
+    if (!is_cuda)
+        return NULL;
+    int cuda = PyObject_IsTrue(is_cuda);
+    Py_DECREF(is_cuda);
+    PyObject *t = cuda ? PyObject_CallMethodNoArgs(value, fi_names.cpu) : Py_NewRef(value);
+    if (!t)
+        return NULL;
+    static const char *const resolve[] = {"resolve_conj", "resolve_neg"};
+    for (int k = 0; k < 2; k++) {
+        PyObject *r = PyObject_CallMethod(t, resolve[k], NULL);
+        Py_DECREF(t);
+        if (!r)
+            return NULL;
+        t = r;
+    }
+    return t;
+}
+
+static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s)
+{
+    if (!PyUnicode_Check(key)) {
+        PyErr_Format(PyExc_TypeError, "tensor dict keys must be str, got %.200s",
+                     Py_TYPE(key)->tp_name);
+        return -1;
+    }
+    Py_ssize_t klen;
+    s->key = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (!s->key)
+        return -1;
+    s->key_len = (size_t)klen;
+    s->key_obj = Py_NewRef(key);
+    if (!(s->obj = host_tensor(value, key)) || fi_tensor_from_py(s->obj, &s->t) < 0)
+        return -1;
+    if (s->t.device_type != FI_DEVICE_CPU) {
+        PyErr_Format(PyExc_ValueError, "tensors[%R] is not on the CPU or a CUDA device", key);
+        return -1;
+    }
+    if (s->t.dtype == FI_DTYPE_UNKNOWN) {
+        PyObject *dt = PyObject_GetAttr(s->obj, fi_names.dtype);
+        if (dt)
+            PyErr_Format(PyExc_ValueError, "tensors[%R] has dtype %R, which cannot be saved", key,
+                         dt);
+        Py_XDECREF(dt);
+        return -1;
+    }
+    PyObject *rg = PyObject_GetAttr(s->obj, fi_names.requires_grad);
+    if (!rg)
+        return -1;
+    s->requires_grad = PyObject_IsTrue(rg);
+    Py_DECREF(rg);
+    s->itemsize = fi_dtype_size(s->t.dtype);
+    uint64_t span;
+    if (fi_view_bytes("tensors", key, s->t.dtype, s->t.ndim, s->t.shape, s->t.stride, &s->nbytes,
+                      &span) < 0)
+        return -1;
+    s->span_bytes = span * s->itemsize;
+    return 0;
+}
+
+static int collect(PyObject *dict, fi_saved_tensor **out, size_t *count)
+{
+    Py_ssize_t n = PyDict_GET_SIZE(dict);
+    fi_saved_tensor *ts = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ts));
+    if (!ts) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, i = 0;
+    while (i < n && PyDict_Next(dict, &pos, &key, &value)) {
+        Py_INCREF(key);
+        Py_INCREF(value);
+        int r = collect_one(key, value, &ts[i++]);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (r < 0) {
+            free_saved(ts, (size_t)i);
+            return -1;
+        }
+    }
+    *out = ts;
+    *count = (size_t)i;
+    return 0;
+}
+
+/* Writes the whole file under a temporary name beside path and renames it into place,
+ * all without the GIL. Returns 0 or an errno value. */
+static int write_file(const char *path, int format, const fi_saved_tensor *ts, size_t n,
+                      const fi_buf *header, uint64_t *written)
+{
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    char *stage = malloc(STAGE_SIZE);
+    if (!tmp || !stage) {
+        free(tmp);
+        free(stage);
+        return ENOMEM;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmpXXXXXX", 11);
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        free(stage);
+        return e;
+    }
+    fi_out o = {.fd = fd, .stage = stage, .stage_cap = STAGE_SIZE};
+    if (format == FI_FORMAT_SAFETENSORS)
+        fi_safetensors_write(&o, ts, n, header->data, header->len);
+    else
+        fi_ptzip_write(&o, ts, n, header->data, header->len);
+    fi_out_flush(&o);
+    if (close(fd) < 0 && !o.err)
+        o.err = errno;
+    if (!o.err && rename(tmp, path) < 0)
+        o.err = errno;
+    if (o.err)
+        unlink(tmp);
+    free(tmp);
+    free(stage);
+    *written = o.pos;
+    return o.err;
+}
+
+Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
+{
+    if (!PyDict_Check(dict)) {
+        PyErr_Format(PyExc_TypeError, "tensors must be a dict {str: Tensor}, got %.200s",
+                     Py_TYPE(dict)->tp_name);
+        return -1;
+    }
+    if (format != FI_FORMAT_TORCH && format != FI_FORMAT_SAFETENSORS) {
+        PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
+        return -1;
+    }
+    fi_saved_tensor *ts;
+    size_t n;
+    if (collect(dict, &ts, &n) < 0)
+        return -1;
+    fi_buf header;
+    fi_buf_init(&header);
+    int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(&header, ts, n)
+                                            : fi_pickle_write_tensors(&header, ts, n);
+    if (r < 0) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        fi_buf_free(&header);
+        free_saved(ts, n);
+        return -1;
+    }
+    uint64_t written = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = write_file(path, format, ts, n, &header, &written);
+    Py_END_ALLOW_THREADS
+    fi_buf_free(&header);
+    free_saved(ts, n);
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        return -1;
+    }
+    return (Py_ssize_t)written;
+}
+
+/* ---- loading ---- */
+
+PyObject *fi_load_tensor_dict(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size < 8) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s: not a tensor file (%s)", path,
+                     S_ISREG(st.st_mode) ? "shorter than 8 bytes" : "not a regular file");
+        return NULL;
+    }
+    PyObject *mmap_mod = PyImport_ImportModule("mmap");
+    PyObject *mm = NULL;
+    if (mmap_mod) {
+        PyObject *mmap_type = PyObject_GetAttrString(mmap_mod, "mmap");
+        PyObject *access = PyObject_GetAttrString(mmap_mod, "ACCESS_COPY");
+        PyObject *args = Py_BuildValue("(ii)", fd, 0);
+        PyObject *kw = access ? Py_BuildValue("{sO}", "access", access) : NULL;
+        if (mmap_type && args && kw)
+            mm = PyObject_Call(mmap_type, args, kw);
+        Py_XDECREF(mmap_type);
+        Py_XDECREF(access);
+        Py_XDECREF(args);
+        Py_XDECREF(kw);
+        Py_DECREF(mmap_mod);
+    }
+    close(fd);
+    if (!mm)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(mm, &view, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(mm);
+        return NULL;
+    }
+    const uint8_t *data = view.buf;
+    size_t size = (size_t)view.len;
+    PyObject *result = fi_ptzip_sniff(data, size) ? fi_ptzip_read(path, mm, data, size)
+                                                  : fi_safetensors_read(path, mm, data, size);
+    PyBuffer_Release(&view);
+    Py_DECREF(mm);
+    return result;
+}
+
+/* ---- Python-facing ---- */
+
+PyDoc_STRVAR(save_tensors_doc,
+             "save_tensors(path, tensors, format='torch') -> int\n\n"
+             "Write dict {str: Tensor} to path as a PyTorch zip (.pt, format='torch') or a\n"
+             "safetensors file; atomically (temporary file + rename). Returns bytes written.");
+
+static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    (void)module;
+    static char *kwlist[] = {"path", "tensors", "format", NULL};
+    PyObject *path = NULL, *dict;
+    const char *format = "torch";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|s:save_tensors", kwlist,
+                                     PyUnicode_FSConverter, &path, &dict, &format))
+        return NULL;
+    int f = strcmp(format, "torch") == 0         ? FI_FORMAT_TORCH
+            : strcmp(format, "safetensors") == 0 ? FI_FORMAT_SAFETENSORS
+                                                 : -1;
+    if (f < 0) {
+        Py_DECREF(path);
+        return PyErr_Format(PyExc_ValueError, "format must be 'torch' or 'safetensors', got '%s'",
+                            format);
+    }
+    Py_ssize_t n = fi_save_tensor_dict(PyBytes_AS_STRING(path), dict, f);
+    Py_DECREF(path);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+PyDoc_STRVAR(load_tensors_doc,
+             "load_tensors(path) -> dict[str, Tensor]\n\n"
+             "Read a .pt (PyTorch zip) or .safetensors file, memory-mapped, never running\n"
+             "pickle code. Tensors keep their recorded shape, stride, dtype, requires_grad.");
+
+static PyObject *load_tensors(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    PyObject *path = NULL;
+    if (!PyUnicode_FSConverter(arg, &path))
+        return NULL;
+    PyObject *r = fi_load_tensor_dict(PyBytes_AS_STRING(path));
+    Py_DECREF(path);
+    return r;
+}
+
+static PyMethodDef tensorio_methods[] = {
+    {"save_tensors", (PyCFunction)(void (*)(void))save_tensors, METH_VARARGS | METH_KEYWORDS,
+     save_tensors_doc},
+    {"load_tensors", load_tensors, METH_O, load_tensors_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int fi_tensorio_exec(PyObject *module)
+{
+    fi_crc32_init();
+    return PyModule_AddFunctions(module, tensorio_methods);
+}

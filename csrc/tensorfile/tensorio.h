@@ -1,0 +1,22 @@
+/* tensorio.h: saving a dict of tensors to a .pt or .safetensors file atomically
+ * (tmp + rename, I/O without the GIL) and loading one back, memory-mapped. */
+#ifndef FI_TENSORIO_H
+#define FI_TENSORIO_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
+
+/* Writes dict {str: Tensor} to path in the given format (FI_FORMAT_*). CUDA tensors
+ * are copied to the host first. Returns bytes written, or -1 with an exception set
+ * (OSError naming the path for I/O errors; no file is left behind on failure). */
+Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format);
+
+/* Reads a .pt (PyTorch zip) or .safetensors file into a new dict {str: Tensor}. */
+PyObject *fi_load_tensor_dict(const char *path);
+
+/* Adds save_tensors and load_tensors to the module. */
+int fi_tensorio_exec(PyObject *module);
+
+#endif

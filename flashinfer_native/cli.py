@@ -1,0 +1,379 @@
+"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3), ``run``.
+
+``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
+(``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
+"""
+
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import traceback
+from collections import Counter
+
+import click
+import torch
+
+from . import __version__, dumpdir, hook
+from . import replay as _replay
+
+_MARKS = {
+    "passed": ("✅ Passed", "green"),
+    "mismatch": ("❌ Mismatch", "red"),
+    "error": ("❌ Error", "red"),
+    "incomplete": (
+        "⚠️ Incomplete: the process ended during this call (inputs only, not run)",
+        "yellow",
+    ),
+}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="flashinfer")
+def cli():
+    """flashinfer: replay and inspect level-10 flight-recorder dumps."""
+
+
+def _stdout_is_terminal():
+    """Colour and progress only for a person watching, never in pipes or files."""
+    return sys.stdout.isatty()
+
+
+def _device_option(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError) as exc:
+        raise click.BadParameter(f"{value!r} is not a torch device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter(f"{value!r}: CUDA is not available on this machine")
+    return device
+
+
+def _first_line(text):
+    text = str(text).strip()
+    return text.splitlines()[0] if text else text
+
+
+def _message(result, status):
+    if status == "error":
+        return _first_line(result.get("error") or result.get("execution_error", ""))
+    return ""
+
+
+def _call_line(index, result, status, color):
+    name = (result.get("metadata") or {}).get("function_name", "unknown")
+    mark, colour = _MARKS[status]
+    text = mark
+    if status == "error":
+        text = f"{mark}: {_message(result, status)}"
+    elif status == "passed" and result.get("comparison_skipped"):
+        text = f"{mark} ({result['comparison_skipped']})"
+    dir_name = os.path.basename(result.get("dump_dir", ""))
+    styled = click.style(text, fg=colour) if color else text
+    return f"[{index}] {name} ({dir_name}): {styled}"
+
+
+def _report_entry(index, result, status):
+    metadata = result.get("metadata") or {}
+    entry = {
+        "index": index,
+        "function_name": metadata.get("function_name"),
+        "dump_dir": result.get("dump_dir"),
+        "dir_name": os.path.basename(result.get("dump_dir", "")),
+        "status": status,
+        "execution_status": metadata.get("execution_status"),
+    }
+    if status == "error":
+        entry["message"] = result.get("error") or result.get("execution_error")
+    if result.get("mismatches"):
+        entry["mismatches"] = result["mismatches"]
+    if result.get("comparison_skipped"):
+        entry["comparison_skipped"] = result["comparison_skipped"]
+    return entry
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "dump_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    help="One dump directory, or a dump root (FLASHINFER_DUMP_DIR) to replay in call order.",
+)
+@click.option(
+    "--device",
+    callback=_device_option,
+    default=None,
+    help="Device for the replay (default: cuda when available, else cpu).",
+)
+@click.option("--include", default=None, help="Comma-separated fnmatch patterns of API names.")
+@click.option("--exclude", default=None, help="Comma-separated fnmatch patterns to skip.")
+@click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a machine-readable report to this file.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
+@click.option(
+    "--per-rank",
+    is_flag=True,
+    help="Under torchrun: each rank replays the calls recorded by the process of its rank "
+    "(on cuda:LOCAL_RANK, or the CPU); rank 0 prints one merged summary.",
+)
+def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose, per_rank):
+    """Replay recorded API calls and compare them with their recorded outputs.
+
+    Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
+    incomplete (or none was found), 2 for bad arguments or a missing directory. With
+    --per-rank every rank exits 1 when any rank had a failure.
+    """
+    single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
+    if single:
+        try:
+            records = dumpdir.read_metadata(dump_dir)
+        except (OSError, ValueError):
+            records = None
+        entries = [(dump_dir, records)]
+    else:
+        entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
+    if per_rank:
+        _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose)
+        return
+    device = _replay._resolve_device(device)
+    header = "single dump" if single else "session"
+    click.echo(f"Replaying {header} from {dump_dir}...")
+    counts, report = _replay_entries(entries, device, rtol, atol, verbose, click.echo)
+    if not entries:
+        click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
+    click.echo(_summary_line(counts))
+    if json_path:
+        _write_json(
+            json_path,
+            _json_report(dump_dir, single, str(device), rtol, atol, len(entries), counts, report),
+        )
+    sys.exit(0 if entries and counts["passed"] == len(entries) else 1)
+
+
+def _replay_entries(entries, device, rtol, atol, verbose, echo):
+    """Replay ``entries`` in order with one object registry; ``echo`` takes each output
+    line. Returns (Counter of outcomes, list of report entries)."""
+    tty = echo is click.echo and _stdout_is_terminal()
+    registry = {}
+    counts = Counter()
+    report = []
+    for index, (path, records) in enumerate(entries, 1):
+        if tty:
+            click.echo(f"  replaying {index}/{len(entries)} {os.path.basename(path)}...", nl=False)
+        result = _replay.replay_entry(path, records, registry, device, rtol, atol)
+        if tty:
+            click.echo("\r\x1b[K", nl=False)
+        status = _replay.classify(result)
+        counts[status] += 1
+        echo(_call_line(index, result, status, tty))
+        mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
+        for line in mismatches if verbose else mismatches[:3]:
+            echo(f"    {line}")
+        if verbose and status == "error" and result.get("traceback"):
+            echo(result["traceback"].rstrip())
+        report.append(_report_entry(index, result, status))
+    return counts, report
+
+
+def _summary_line(counts):
+    failed = counts["mismatch"] + counts["error"]
+    summary = f"Summary: {counts['passed']} passed, {failed} failed/mismatch"
+    if counts["incomplete"]:
+        summary += f", {counts['incomplete']} incomplete"
+    return summary
+
+
+def _json_report(dump_dir, single, device, rtol, atol, total, counts, report):
+    return {
+        "dir": os.path.abspath(dump_dir),
+        "mode": "single" if single else "session",
+        "device": device,
+        "rtol": rtol,
+        "atol": atol,
+        "summary": {
+            "total": total,
+            "passed": counts["passed"],
+            "failed": counts["mismatch"] + counts["error"],
+            "mismatch": counts["mismatch"],
+            "error": counts["error"],
+            "incomplete": counts["incomplete"],
+        },
+        "results": report,
+    }
+
+
+def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose):
+    """``replay --per-rank``: this rank's calls, then one merged summary from rank 0."""
+    from .distributed import RankSession
+
+    try:
+        session = RankSession(device)
+    except RuntimeError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        mine, problems = session.mine(entries)
+        lines = []
+        counts, report = _replay_entries(mine, session.device, rtol, atol, verbose, lines.append)
+        outcomes = session.gather((str(session.device), len(mine), lines, counts, report))
+    finally:
+        session.close()
+    total = Counter()
+    for counts_of_rank in (o[3] for o in outcomes):
+        total.update(counts_of_rank)
+    replayed = sum(o[1] for o in outcomes)
+    ok = replayed > 0 and not problems and total["passed"] == replayed
+    if session.rank == 0:
+        header = "single dump" if single else "session"
+        click.echo(f"Replaying {header} from {dump_dir} on {session.world_size} ranks...")
+        for rank, (rank_device, count, rank_lines, _, _) in enumerate(outcomes):
+            click.echo(f"Rank {rank} ({rank_device}): {count} calls")
+            for line in rank_lines:
+                click.echo(f"  {line}")
+        for problem in problems:
+            click.echo(f"Not replayed: {problem}")
+        click.echo(f"{_summary_line(total)} ({session.world_size} ranks)")
+        if json_path:
+            data = _json_report(dump_dir, single, "per-rank", rtol, atol, replayed, total, [])
+            data["ranks"] = [
+                {"rank": rank, "device": o[0], "calls": o[1], "results": o[4]}
+                for rank, o in enumerate(outcomes)
+            ]
+            data["not_replayed"] = problems
+            del data["results"]
+            _write_json(json_path, data)
+    sys.exit(0 if ok else 1)
+
+
+def _write_json(path, data):
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as exc:
+        raise click.FileError(path, hint=exc.strerror) from None
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "dump_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    help="Dump root (FLASHINFER_DUMP_DIR) holding session.jsonl.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def dumps(dump_dir, as_json):
+    """Summarise a recorded session: calls per API, completed, exception and crashed calls."""
+    s = dumpdir.summarize_session(dump_dir)
+    if as_json:
+        click.echo(json.dumps(s, indent=2))
+        return
+    click.echo(f"Session {s['root']} ({s['source']})")
+    click.echo(
+        f"{s['calls']} calls: {len(s['completed'])} completed, {len(s['exception'])} "
+        f"exception, {len(s['incomplete'])} incomplete"
+    )
+    click.echo(f"Tensor bytes recorded: {s['recorded_bytes']}, on disk: {s['disk_bytes']}")
+    if s["unreadable_records"]:
+        click.echo(f"Unreadable records skipped: {s['unreadable_records']}")
+    click.echo("Calls per API:")
+    for api, n in s["per_api"].items():
+        click.echo(f"  {api}: {n}")
+    if s["completed"]:
+        click.echo("Completed calls:")
+        for name in s["completed"]:
+            click.echo(f"  {name}")
+    if s["exception"]:
+        click.echo("Exception calls:")
+        for e in s["exception"]:
+            click.echo(f"  {e['dir']}: {e['type']}: {e['message']}")
+    if s["incomplete"]:
+        click.echo("Incomplete calls (the process ended during the call):")
+        for name in s["incomplete"]:
+            click.echo(f"  {name}")
+
+
+def _flashinfer_package():
+    """(version, which) of the importable flashinfer package, or None."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer
+
+    ours = importlib.util.find_spec("flashinfer._kernels") is not None
+    which = "this repository's mirror" if ours else "FlashInfer (flashinfer-python)"
+    return getattr(flashinfer, "__version__", "unknown"), which, ours
+
+
+@cli.command()
+def info():
+    """Show versions, whether CUDA kernels were built, and the GPUs visible."""
+    from . import _C
+
+    package = _flashinfer_package()
+    if package is None:
+        click.echo("flashinfer: not installed")
+    else:
+        click.echo(f"flashinfer: {package[0]} ({package[1]})")
+    click.echo(f"flashinfer_native: {__version__}")
+    click.echo(f"torch: {torch.__version__}")
+    built = [("CUDA statistics kernel built", _C)]
+    if package is not None and package[2]:
+        from flashinfer import _kernels
+
+        built.insert(0, ("CUDA kernels built", _kernels))
+    for what, ext in built:
+        archs = f" ({ext.cuda_archs})" if ext.cuda_archs else ""
+        click.echo(f"{what}: {'yes' if ext.cuda_built else 'no'}{archs}")
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver still lets info print the rest
+        count = 0
+        click.echo(f"GPU query failed: {traceback.format_exc(limit=0).strip()}")
+    click.echo(f"GPUs visible: {count}")
+    for i in range(count):
+        click.echo(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "-m",
+    "as_module",
+    is_flag=True,
+    help="TARGET is a module to run as __main__ (like python -m), not a script path.",
+)
+@click.argument("target")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(as_module, target, args):
+    """Run a Python script (or -m module) with FlashInfer served by the native core.
+
+    The same as FLASHINFER_NATIVE_LOGGING=1: every @flashinfer_api of the installed
+    FlashInfer logs, records and replays through the core, at FLASHINFER_LOGLEVEL. The
+    variable is set for the processes the script starts, too. ARGS go to the script.
+    Exit status: the script's own; 1 when the core's extension is not installed.
+    """
+    os.environ["FLASHINFER_NATIVE_LOGGING"] = "1"
+    if not hook.activate():
+        sys.exit(1)
+    sys.argv = [target, *args]
+    if as_module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    if not os.path.isfile(target):
+        raise click.BadParameter(f"{target!r} is not a file", param_hint="TARGET")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,326 @@
+"""Reading a level-10 dump tree: metadata records, tensor files, call order, session summary.
+
+Everything here only reads: it never imports a module or calls anything named by a
+dump (SPEC 5.1a). Replay (``replay.py``) and the command line (``cli.py``) share it.
+"""
+
+import fnmatch
+import json
+import math
+import os
+import re
+from collections import Counter
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "METADATA_FILE",
+    "find_dump_dirs",
+    "load_tensor_file",
+    "load_tensors",
+    "ordered_dumps",
+    "read_metadata",
+    "summarize_session",
+    "tensor_file",
+]
+
+METADATA_FILE = "metadata.jsonl"
+SESSION_FILE = "session.jsonl"
+_DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
+
+
+# --------------------------------------------------------------------- records
+
+
+def read_metadata(dump_dir):
+    """Read every record of ``DUMP_DIR/metadata.jsonl``.
+
+    Parameters
+    ----------
+    dump_dir : str or os.PathLike
+        One dump directory.
+
+    Returns
+    -------
+    list of dict
+        The records in file order (line 1 ``inputs_saved``, line 2 if the call ended).
+
+    Raises
+    ------
+    FileNotFoundError
+        The directory or its metadata file does not exist.
+    ValueError
+        The file is empty, or a line is not a JSON object.
+    """
+    dump_dir = os.fspath(dump_dir)
+    if not os.path.isdir(dump_dir):
+        raise FileNotFoundError(f"dump directory not found: {dump_dir}")
+    path = os.path.join(dump_dir, METADATA_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: metadata file is missing") from None
+    except OSError as exc:
+        raise OSError(f"{path}: cannot read metadata file ({exc.strerror})") from None
+    records = []
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise ValueError(
+                f"{path}: line {lineno} is a JSON {type(record).__name__}, expected an object"
+            )
+        records.append(record)
+    if not records:
+        raise ValueError(f"{path}: metadata file is empty (no JSON records)")
+    return records
+
+
+# ---------------------------------------------------------------- tensor files
+
+
+def load_tensors(path):
+    """Load a dumped ``.pt`` or ``.safetensors`` file into a dict of tensors.
+
+    A strict native reader: it never executes pickle code, restores the recorded
+    shape, stride, dtype and ``requires_grad`` (strides of safetensors files from
+    their ``__metadata__``) and memory-maps the file where it can.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The tensor file.
+
+    Returns
+    -------
+    dict[str, torch.Tensor]
+
+    Raises
+    ------
+    ValueError, OSError
+        For a missing, truncated, corrupt or hostile file; the message names the file
+        and the problem.
+    """
+    return _C.load_tensors(os.fspath(path))
+
+
+def load_tensor_file(path):
+    """Load a dump tensor file into ``{key: tensor}`` on CPU, naming the file on failure.
+
+    Raises
+    ------
+    ValueError
+        The file is truncated, corrupt, or not a dict of tensors; the message names it.
+    """
+    try:
+        tensors = _C.load_tensors(path)
+    except Exception as exc:
+        if path in str(exc):
+            raise
+        raise ValueError(
+            f"{path}: cannot read tensor file, truncated or corrupt ({type(exc).__name__}: {exc})"
+        ) from None
+    if not isinstance(tensors, dict) or not all(
+        isinstance(t, torch.Tensor) for t in tensors.values()
+    ):
+        raise ValueError(f"{path}: tensor file does not hold a dict of tensors")
+    return tensors
+
+
+def tensor_file(dump_dir, stem, record):
+    """Path of the inputs/outputs file, preferring the recorded ``tensor_format``; None if absent."""
+    order = [".pt", ".safetensors"]
+    if record.get("tensor_format") == "safetensors":
+        order.reverse()
+    for ext in order:
+        path = os.path.join(dump_dir, stem + ext)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+# ------------------------------------------------------------------ call order
+
+
+def find_dump_dirs(root_dir):
+    """Sub-directories of ``root_dir`` holding ``metadata.jsonl``, sorted by name."""
+    root_dir = os.fspath(root_dir)
+    if not os.path.isdir(root_dir):
+        raise FileNotFoundError(f"dump root directory not found: {root_dir}")
+    return sorted(
+        os.path.join(root_dir, name)
+        for name in os.listdir(root_dir)
+        if os.path.isfile(os.path.join(root_dir, name, METADATA_FILE))
+    )
+
+
+def _order_key(first_record, dir_name):
+    """Sort key ``(timestamp, process_id, sequence, name)``; None without ``sequence``."""
+    if first_record is None or "sequence" not in first_record:
+        return None
+    ts = first_record.get("timestamp")
+    ts_key = (0, float(ts), "") if isinstance(ts, (int, float)) else (1, 0.0, str(ts))
+    try:
+        pid = int(first_record.get("process_id") or 0)
+        sequence = int(first_record["sequence"])
+    except (TypeError, ValueError):
+        return None
+    return (ts_key, pid, sequence, dir_name)
+
+
+def _fallback_key(dir_name):
+    """Key for a dump whose metadata cannot be read: its place from the directory name."""
+    match = _DIR_NAME.match(dir_name)
+    if match is None:
+        return ((2, 0.0, dir_name), 0, math.inf, dir_name)
+    return ((1, 0.0, match.group(1)), int(match.group(2)), math.inf, dir_name)
+
+
+def split_patterns(patterns):
+    """fnmatch patterns from a comma-separated string or a list; blanks dropped."""
+    if not patterns:
+        return []
+    if isinstance(patterns, str):
+        patterns = patterns.split(",")
+    return [p.strip() for p in patterns if p and p.strip()]
+
+
+def _api_name(records, dir_name):
+    if records:
+        return str(records[-1].get("function_name", ""))
+    match = _DIR_NAME.match(dir_name)
+    return match.group(3) if match else dir_name
+
+
+def ordered_dumps(root_dir, include=None, exclude=None):
+    """Dumps under ``root_dir`` passing the filters, in call order.
+
+    Order: ``(timestamp, process_id, sequence)`` when every readable dump has
+    ``sequence`` (unreadable ones take their place from the directory name), else the
+    directory name.
+
+    Returns
+    -------
+    list of (str, list or None)
+        Dump path and its metadata records (None when they cannot be read).
+    """
+    include, exclude = split_patterns(include), split_patterns(exclude)
+    entries = []
+    for path in find_dump_dirs(root_dir):
+        name = os.path.basename(path)
+        try:
+            records = read_metadata(path)
+        except (OSError, ValueError):
+            records = None
+        api = _api_name(records, name)
+        if include and not any(fnmatch.fnmatchcase(api, p) for p in include):
+            continue
+        if any(fnmatch.fnmatchcase(api, p) for p in exclude):
+            continue
+        entries.append((path, records))
+    keys = [_order_key(r[0] if r else None, os.path.basename(p)) for p, r in entries]
+    if all(k is not None for k, (_, r) in zip(keys, entries) if r):
+        keys = [
+            k if k is not None else _fallback_key(os.path.basename(p))
+            for k, (p, _) in zip(keys, entries)
+        ]
+    else:
+        keys = [os.path.basename(p) for p, _ in entries]
+    return [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
+
+
+# ------------------------------------------------------------- session summary
+
+
+def _session_records(root):
+    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing)."""
+    path = os.path.join(root, SESSION_FILE)
+    bad = 0
+    records = []
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    bad += 1
+                    continue
+                if isinstance(record, dict):
+                    records.append(record)
+                else:
+                    bad += 1
+        return records, bad, path
+    for dump in find_dump_dirs(root):
+        try:
+            for record in read_metadata(dump):
+                records.append(dict(record, dump_dir=record.get("dump_dir", dump)))
+        except (OSError, ValueError):
+            bad += 1
+    return records, bad, None
+
+
+def _dir_bytes(path):
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
+
+
+def _as_int(value):
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def summarize_session(root):
+    """Summary of a dump root: calls per API and completed/exception/incomplete dumps."""
+    records, bad, source = _session_records(root)
+    last = {}
+    for record in records:
+        key = str(record.get("dump_dir", ""))
+        last[key] = record
+    per_api = Counter(str(r.get("function_name", "unknown")) for r in last.values())
+    completed, exceptions, incomplete = [], [], []
+    recorded = 0
+    for dump, record in last.items():
+        name = os.path.basename(dump.rstrip("/"))
+        info = record.get("tensor_info")
+        info = info if isinstance(info, dict) else {}
+        status = record.get("execution_status")
+        if status == "completed":
+            completed.append(name)
+            recorded += _as_int(info.get("total_size_bytes") or info.get("input_size_bytes"))
+        elif status == "exception":
+            exc = record.get("exception")
+            exc = exc if isinstance(exc, dict) else {}
+            exceptions.append({"dir": name, "type": exc.get("type"), "message": exc.get("message")})
+            recorded += _as_int(info.get("input_size_bytes"))
+        else:
+            incomplete.append(name)
+            recorded += _as_int(info.get("input_size_bytes"))
+    return {
+        "root": os.path.abspath(root),
+        "source": source or "metadata.jsonl files (no session.jsonl)",
+        "calls": len(last),
+        "per_api": dict(per_api.most_common()),
+        "completed": sorted(completed),
+        "exception": sorted(exceptions, key=lambda e: e["dir"]),
+        "incomplete": sorted(incomplete),
+        "recorded_bytes": recorded,
+        "disk_bytes": _dir_bytes(root),
+        "unreadable_records": bad,
+    }
