@@ -34,6 +34,8 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import flashinfer
 
+from bench_cpu_gemm import to_fp8  # noqa: E402 (the same e4m3 operands as that benchmark)
+
 GB = 1e9
 BANDWIDTH, BMM = "read bandwidth", "f32 bmm rate"
 
@@ -150,11 +152,6 @@ def case_prefill(n, hq=8, hk=2, d=128):
     name = f"single_prefill fp16 causal {n} tokens qo{hq}/kv{hk} d{d}"
     run = lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True)  # noqa: E731
     return name, run, flops, BMM, flops
-
-
-def to_fp8(x):
-    scale = 448.0 / x.abs().max().float()
-    return (x * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale.reciprocal()
 
 
 def case_bmm_fp8(b, m, n, k):
