@@ -104,7 +104,7 @@ def _parameters_of(func):
     return params, str(sig)
 
 
-def _make_decorator(logger):
+def _make_decorator(logger, attach_trace):
     level = logger.level
 
     def wrap(func):
@@ -123,13 +123,18 @@ def _make_decorator(logger):
         ----------
         func : callable
             The function or method to decorate.
+        trace : optional
+            A trace template, handed to the package's trace attacher (when ``install``
+            was given one) together with ``func``; ignored otherwise.
 
         Returns
         -------
         callable
-            At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
-            otherwise behaves like ``func`` (same result, same exceptions, same name,
-            docstring, ``__wrapped__`` and signature; binds as a method).
+            At level 0, ``func`` itself (or what the trace attacher made of it: ``func``
+            with ``fi_trace``, or a trace-dumping wrapper while ``FLASHINFER_TRACE_DUMP``
+            is on). Above 0, a native wrapper of that which logs each call and otherwise
+            behaves like ``func`` (same result, same exceptions, same name, docstring,
+            ``__wrapped__`` and signature; binds as a method).
 
         Raises
         ------
@@ -139,14 +144,16 @@ def _make_decorator(logger):
         if func is None:
             return functools.partial(flashinfer_api, trace=trace)
         if isinstance(func, (staticmethod, classmethod)):
-            if level == 0:
-                return func
-            return type(func)(flashinfer_api(func.__func__))
+            inner = flashinfer_api(func.__func__, trace=trace)
+            return func if inner is func.__func__ else type(func)(inner)
         if not callable(func):
             raise TypeError(f"flashinfer_api expects a callable, got {type(func).__name__}")
+        # the trace attacher runs at decoration time only: level 0 still costs nothing
+        # per call unless it returned a wrapper
+        traced = func if attach_trace is None else attach_trace(func, func, trace)
         if level == 0:
-            return func
-        return wrap(func)
+            return traced
+        return wrap(traced)
 
     return flashinfer_api
 
@@ -204,7 +211,7 @@ def _install_graph_replay_hook(module_name):
     graph_cls.replay = replay_graph
 
 
-def install(namespace, flashinfer_version):
+def install(namespace, flashinfer_version, attach_trace=None):
     """Make ``namespace`` (a module's globals) a ``flashinfer.api_logging``.
 
     Creates a native logger from the environment, writes the system-information header
@@ -218,6 +225,13 @@ def install(namespace, flashinfer_version):
         The globals of the module being executed; ``__name__`` names it.
     flashinfer_version : str
         The version of the flashinfer package served (header and dump metadata).
+    attach_trace : callable, optional
+        ``attach_trace(wrapped, original, trace_template) -> callable``, called once per
+        decorated function (``wrapped`` and ``original`` are the function,
+        ``trace_template`` the decorator's ``trace=`` or None) before the logging
+        wrapper is built; what it returns is what gets wrapped (at level 0, returned).
+        The served package's trace machinery: FlashInfer's ``_attach_fi_trace`` has
+        this signature; the mirror passes ``flashinfer.trace.attach.attach_trace``.
     """
     logger = _C.Logger()
     level = logger.level
@@ -240,7 +254,7 @@ def install(namespace, flashinfer_version):
         _LOGGER=logger,
         _API_LOG_LEVEL=level,
         _suspend_dumps=replay.suspended_dumps,
-        flashinfer_api=_make_decorator(logger),
+        flashinfer_api=_make_decorator(logger, attach_trace),
         load_tensors=load_tensors,
         flush_graph_dumps=flush_graph_dumps,
         clear_graph_dumps=clear_graph_dumps,
