@@ -15,7 +15,27 @@ call with each distinct definition name, before its kernel runs.
 passes its object as ``self``.
 """
 
-__all__ = ["fi_trace"]
+__all__ = ["fi_trace", "register_fi_trace"]
+
+# qualname -> TraceTemplate for functions decorated without trace= (FlashInfer's
+# legacy registry; decoration looks here after the trace= argument).
+_REGISTRY = {}
+
+
+def register_fi_trace(qualname, spec):
+    """Give the function with ``__qualname__`` ``qualname`` a trace template.
+
+    FlashInfer's older interface; ``@flashinfer_api(trace=template)`` is the current
+    one. It applies to functions decorated after this call.
+
+    Parameters
+    ----------
+    qualname : str
+        The function's ``__qualname__`` (``"MyWrapper.run"`` for a method).
+    spec : flashinfer.trace.TraceTemplate
+        Its template.
+    """
+    _REGISTRY[qualname] = spec
 
 
 def fi_trace(func_or_method, save_dir=None, **kwargs):

@@ -2,6 +2,7 @@
 (tests/fi_trace_expected.py), the FLASHINFER_TRACE_DUMP auto-dump, and the embedded
 reference/init/check sources run on their own."""
 
+import importlib
 import json
 import re
 import subprocess
@@ -339,6 +340,17 @@ def test_an_unattachable_template_warns_and_leaves_the_function(logmod):
     m = logmod(FLASHINFER_LOGLEVEL="0")
     with pytest.warns(UserWarning, match="Failed to attach fi_trace to 'max'"):
         assert m.flashinfer_api(trace=TOY)(max) is max
+
+
+def test_register_fi_trace_gives_later_decorations_a_template(logmod, monkeypatch):
+    def registered_toy(x, eps=0.0):
+        return x
+
+    registry = importlib.import_module("flashinfer.fi_trace")._REGISTRY
+    monkeypatch.setitem(registry, registered_toy.__qualname__, TOY)
+    m = logmod(FLASHINFER_LOGLEVEL="0")
+    m.flashinfer_api(registered_toy)
+    assert registered_toy.fi_trace(x=meta(1, 6))["name"] == "toy_d6"
 
 
 def test_selector_templates_are_chosen_per_call(logmod):

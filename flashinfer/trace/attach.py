@@ -83,11 +83,17 @@ def _qualified_name(original):
 
 
 def _own_template(original):
-    """(template, fi_api) of one of this package's APIs, else None."""
+    """(template, fi_api) of one of this package's APIs or of a function registered with
+    ``flashinfer.fi_trace.register_fi_trace``, else None."""
+    from ..fi_trace import _REGISTRY
+
+    qualname = getattr(original, "__qualname__", None)
     module = getattr(original, "__module__", "") or ""
-    if module != "flashinfer" and not module.startswith("flashinfer."):
-        return None
-    return API_TEMPLATES.get(getattr(original, "__qualname__", None))
+    if (module == "flashinfer" or module.startswith("flashinfer.")) and qualname in API_TEMPLATES:
+        return API_TEMPLATES[qualname]
+    if qualname in _REGISTRY:
+        return _REGISTRY[qualname], _qualified_name(original)
+    return None
 
 
 def _register(original, template):
@@ -166,7 +172,8 @@ def attach_trace(wrapped, original, trace_template=None):
     trace_template : TraceTemplate or callable, optional
         From ``@flashinfer_api(trace=...)``: a template, or a selector
         ``(save_dir=None, name=None, **kwargs) -> TraceTemplate`` with an optional
-        ``templates`` list. None: this package's own template for ``original``, if any.
+        ``templates`` list. None: this package's own template for ``original``, or one
+        registered with ``register_fi_trace``, if any.
 
     Returns
     -------
