@@ -15,7 +15,6 @@ outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recor
 
 import functools
 import inspect
-import platform
 import sys
 
 import torch
@@ -69,21 +68,44 @@ def _system_info_text(logger, flashinfer_version):
 
 
 def _dump_banner_text(logger):
-    fmt = "safetensors" if logger.safetensors else "torch (.pt)"
-    include = ", ".join(logger.include) or "(all)"
-    exclude = ", ".join(logger.exclude) or "(none)"
+    """The level-10 warning FlashInfer prints on stdout at import, line for line."""
     lines = [
         _SEP,
-        "[flashinfer] WARNING: FLASHINFER_LOGLEVEL=10 (flight recorder) is on.",
-        "All inputs and outputs of FlashInfer API calls are written to disk.",
-        f"  dump directory: {logger.dump_dir}",
-        f"  format: {fmt}",
-        f"  include: {include}",
-        f"  exclude: {exclude}",
-        f"  caps: {logger.max_count} calls, {logger.max_size_gb:g} GB",
+        "WARNING: FlashInfer API Logging is set to Level 10 (Tensor Dumping).\n"
+        "This will dump ALL input and outputs including tensors for FlashInfer APIs to disk in\n"
+        "the configured dump directory. Ensure that you are NOT processing sensitive data\n"
+        "or that the dump directory is secure. To disable dumping, unset FLASHINFER_LOGLEVEL or\n"
+        "set it to below 10. For more information, see https://docs.flashinfer.ai/logging.html",
+        f"Current dump directory is: {logger.dump_dir}",
+    ]
+    if logger.safetensors:
+        lines.append(
+            "\u26a0\ufe0f  SAFETENSORS mode enabled: tensor stride/non-contiguity will NOT be "
+            "preserved.\n    Tensors will be saved as contiguous. Use torch.save (default) to "
+            "preserve strides."
+        )
+    if logger.include:
+        lines.append(f"Include filter: {list(logger.include)}")
+    if logger.exclude:
+        lines.append(f"Exclude filter: {list(logger.exclude)}")
+    lines += [
+        "CUDA graph replay hook enabled: flush_graph_dumps() will run after every "
+        "torch.cuda.CUDAGraph.replay().",
+        "CUDA graph capture stores tensor references and materializes snapshots after every "
+        "replay.",
         _SEP,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _print_banner(text):
+    """print() as FlashInfer does; an unencodable stdout gets the text with replacements."""
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+        sys.stdout.write(text.encode(encoding, "replace").decode(encoding))
+    sys.stdout.flush()
 
 
 def _parameters_of(func):
@@ -215,7 +237,7 @@ def install(namespace, flashinfer_version, attach_trace=None):
     """Make ``namespace`` (a module's globals) a ``flashinfer.api_logging``.
 
     Creates a native logger from the environment, writes the system-information header
-    (level > 0) and the flight-recorder banner (level 10), and defines
+    (level > 0) and prints the flight-recorder warning on stdout (level 10), and defines
     ``flashinfer_api``, ``load_tensors``, ``flush_graph_dumps``, ``clear_graph_dumps``,
     ``replay_from_dump`` and ``replay_sequence`` in it.
 
@@ -243,11 +265,10 @@ def install(namespace, flashinfer_version, attach_trace=None):
     if level >= 10:
         logger.static_meta["versions"] = {
             "torch": torch.__version__,
-            "python": platform.python_version(),
+            "python": sys.version,
             "flashinfer": flashinfer_version,
         }
-        sys.stderr.write(_dump_banner_text(logger))
-        sys.stderr.flush()
+        _print_banner(_dump_banner_text(logger))
         _install_graph_replay_hook(namespace["__name__"])
     flush_graph_dumps, clear_graph_dumps = _graph_functions(logger)
     namespace.update(

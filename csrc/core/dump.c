@@ -27,6 +27,7 @@ struct fi_dump_call {
     PyObject *record; /* the line-1 record, extended into line 2 */
     char *dir;        /* the call's directory */
     long long input_bytes;
+    long long output_bytes;
     PyObject *graph_entry; /* [dir, record, inputs, outputs, flushes] while captured */
     int meta_fd;           /* metadata.jsonl, open from line 1 to line 2 */
 };
@@ -526,10 +527,9 @@ static void timestamp_now(char *out, size_t n)
     snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
 }
 
-static PyObject *size_mb(long long bytes)
-{
-    return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0));
-}
+#define MB (1024.0 * 1024.0)
+
+static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / MB); }
 
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
 static int graph_capturing(const tensor_sink *ts)
@@ -575,28 +575,42 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
     return rec;
 }
 
-static int check_caps(fi_logger *lg, long long bytes)
+/* FLASHINFER_DUMP_MAX_SIZE_GB as Python prints a float ("20.0", "1e-08"), for the
+ * cap messages FlashInfer writes. */
+static void put_size_cap(fi_buf *b, double gb)
 {
-    if (lg->dump_count >= lg->cfg.max_count) {
-        if (!lg->count_cap_warned)
-            log_line(lg,
-                     "[flashinfer] WARNING: dump count cap reached (%lld calls); later calls are "
-                     "not dumped. Raise FLASHINFER_DUMP_MAX_COUNT to dump more.",
-                     lg->cfg.max_count);
-        lg->count_cap_warned = 1;
-        return 0;
-    }
-    double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
-    if ((double)(lg->dump_bytes + bytes) > cap) {
-        if (!lg->size_cap_warned)
-            log_line(lg,
-                     "[flashinfer] WARNING: dump size cap reached (%g GB); later calls are not "
-                     "dumped. Raise FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
-                     lg->cfg.max_size_gb);
-        lg->size_cap_warned = 1;
-        return 0;
-    }
-    return 1;
+    char *text = PyOS_double_to_string(gb, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    fi_buf_puts(b, text ? text : "?");
+    PyMem_Free(text);
+}
+
+/* "Dump size limit reached (X GB). <what>. Increase FLASHINFER_DUMP_MAX_SIZE_GB ..." */
+static void log_size_cap(fi_logger *lg, const char *what, const char *name)
+{
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_buf_puts(&b, "Dump size limit reached (");
+    put_size_cap(&b, lg->cfg.max_size_gb);
+    fi_buf_printf(&b, " GB). %s %s. Increase FLASHINFER_DUMP_MAX_SIZE_GB if needed.\n", what, name);
+    fi_logger_emit(lg, b.data, b.len);
+    fi_buf_free(&b);
+}
+
+/* The count cap, checked before anything is numbered (FlashInfer's order). */
+static int under_count_cap(fi_logger *lg, const char *name)
+{
+    if (lg->dump_count < lg->cfg.max_count)
+        return 1;
+    log_line(lg,
+             "Dump limit reached (%lld dumps). Skipping dump for %s. Increase "
+             "FLASHINFER_DUMP_MAX_COUNT if needed.",
+             lg->cfg.max_count, name);
+    return 0;
+}
+
+static int under_size_cap(fi_logger *lg, long long bytes)
+{
+    return (double)(lg->dump_bytes + bytes) <= lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
 }
 
 static void call_free(fi_dump_call *call)
@@ -640,8 +654,16 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         if (r < 0)
             goto error;
     }
-    if (!check_caps(lg, ts.bytes))
+    if (!under_count_cap(lg, api->api_name))
         goto skip;
+    if (!under_size_cap(lg, ts.bytes)) {
+        /* the call still takes its number, as in FlashInfer: later directories of this
+         * API keep the numbers they would have had */
+        if (next_counter(lg->call_counters, call->name) < 0)
+            goto error;
+        log_size_cap(lg, "Skipping dump for", api->api_name);
+        goto skip;
+    }
     if (ensure_root(lg) < 0)
         goto error;
     char stamp[32];
@@ -672,6 +694,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         if (!call->graph_entry || PyList_Append(lg->graph_pending, call->graph_entry) < 0)
             goto error;
     }
+    log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
+             (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
+             capturing ? ", graph-deferred" : "");
+    log_line(lg, "Inputs dumped to: %s", call->dir);
     sink_free(&ts);
     Py_DECREF(input_meta);
     PyErr_Restore(et, ev, tb);
@@ -721,6 +747,7 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         goto done;
     long long out_bytes = 0;
     if (call->graph_entry) { /* captured: keep the output tensors for the flushes */
+        call->output_bytes = ts.bytes;
         Py_INCREF(ts.tensors);
         Py_INCREF(ts.keys);
         r = PyList_SetItem(call->graph_entry, 3, ts.tensors) < 0 ||
@@ -731,16 +758,10 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         goto done;
     }
     if (PyList_GET_SIZE(ts.keys) > 0) {
-        double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
-        if ((double)(lg->dump_bytes + ts.bytes) > cap) {
+        if (!under_size_cap(lg, ts.bytes)) {
             if (dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
                 goto done;
-            if (!lg->size_cap_warned)
-                log_line(lg,
-                         "[flashinfer] WARNING: dump size cap reached (%g GB) while saving "
-                         "outputs. Raise FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
-                         lg->cfg.max_size_gb);
-            lg->size_cap_warned = 1;
+            log_size_cap(lg, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
         } else {
             Py_ssize_t written = save_tensors(call, "outputs", ts.tensors);
             if (written < 0) {
@@ -765,6 +786,7 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
             }
         }
     }
+    call->output_bytes = out_bytes;
     long long total = call->input_bytes + out_bytes;
     if (dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
         dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
@@ -802,6 +824,16 @@ static void drop_graph_entry(fi_dump_call *call)
             PyList_SetSlice(pending, i, i + 1, NULL);
 }
 
+/* FlashInfer's two lines after a call's outputs are recorded. */
+static void log_outputs_dumped(fi_dump_call *call)
+{
+    log_line(call->lg, "Dumped outputs to: %s (output size: %.2f MB, total dump size: %.2f MB%s)",
+             call->dir, (double)call->output_bytes / MB,
+             (double)(call->input_bytes + call->output_bytes) / MB,
+             call->graph_entry ? ", graph-deferred" : "");
+    log_line(call->lg, "Outputs dumped to: %s", call->dir);
+}
+
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
@@ -810,6 +842,7 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     if (result) {
         r = finish_completed(call, result);
         if (r == 0 && call->graph_entry) { /* line 2 comes with the first flush */
+            log_outputs_dumped(call);
             call_free(call);
             PyErr_Restore(et, ev, tb);
             return;
@@ -824,6 +857,8 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
         r = write_record(call);
     if (r < 0)
         log_dump_error(call->lg, PyUnicode_AsUTF8(call->name), "outputs");
+    else if (result)
+        log_outputs_dumped(call);
     call_free(call);
     if (tb && ev)
         PyException_SetTraceback(ev, tb);

@@ -8,11 +8,12 @@
 
 #include "strbuf.h"
 
-/* Appends value as lines at indent (two spaces per level), each ending in '\n'.
- * With indent_first == 0 the first line carries no indentation (it continues a
- * "key: " prefix). level >= 5 adds tensor statistics. Returns -1 with an exception
- * set only for failures outside a value's own repr (e.g. out of memory). */
-int fi_format_value(fi_buf *b, PyObject *value, int indent, int level, int indent_first);
+/* Appends value as lines at indent (two spaces per level), each ending in '\n'; the
+ * items of lists, tuples and dicts follow their "[i]: " / "key: " prefix with their
+ * own indentation, as FlashInfer prints them. level >= 5 adds tensor statistics.
+ * Returns -1 with an exception set only for failures outside a value's own repr
+ * (e.g. out of memory). */
+int fi_format_value(fi_buf *b, PyObject *value, int indent, int level);
 
 /* Borrowed enum.Enum type (cached by fi_format_exec). */
 PyObject *fi_enum_type(void);

@@ -23,7 +23,6 @@ typedef struct {
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
     PyObject *graph_pending; /* list of calls recorded during CUDA graph capture */
     int force_graph_capture; /* tests: treat every call as captured */
-    int count_cap_warned, size_cap_warned;
     int dump_root_ready;
     int session_fd; /* DUMP_DIR/session.jsonl, opened on first use */
 } fi_logger;

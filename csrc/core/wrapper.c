@@ -169,7 +169,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         fi_buf_puts(b, "Positional input arguments:\n");
     for (Py_ssize_t i = 0; i < nargs; i++) {
         fi_buf_printf(b, "  arg[%zd]:\n", i);
-        if (fi_format_value(b, args[i], 2, level, 1) < 0)
+        if (fi_format_value(b, args[i], 2, level) < 0)
             return -1;
     }
     if (nkw > 0)
@@ -179,7 +179,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         if (!key)
             return -1;
         fi_buf_printf(b, "  %s=\n", key);
-        if (fi_format_value(b, args[nargs + i], 2, level, 1) < 0)
+        if (fi_format_value(b, args[nargs + i], 2, level) < 0)
             return -1;
     }
     int header_done = 0;
@@ -200,7 +200,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         if (!pname)
             return -1;
         fi_buf_printf(b, "  %s= [DEFAULT]\n", pname);
-        if (fi_format_value(b, p->default_value, 2, level, 1) < 0)
+        if (fi_format_value(b, p->default_value, 2, level) < 0)
             return -1;
     }
     if (b->oom) {
@@ -213,7 +213,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
 static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
 {
     fi_buf_puts(b, "Output value:\n");
-    if (fi_format_value(b, result, 1, w->logger->cfg.level, 1) < 0)
+    if (fi_format_value(b, result, 1, w->logger->cfg.level) < 0)
         return -1;
     fi_buf_puts(b, SEP_LINE);
     fi_buf_putc(b, '\n');
@@ -253,13 +253,16 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         fi_dump_api api = {name, w->func, w->signature_text, self};
         dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
     }
-    if (!detailed) {
+    /* levels 3+ log nothing at all for a call the include/exclude filters leave out
+     * (FlashInfer's rule); level 1 names every call */
+    if (level < 3) {
         fi_buf_printf(&b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
         emit_buf(lg, &b);
-    } else if (format_inputs(&b, w, name, args, nargs, kwnames) == 0) {
-        emit_buf(lg, &b);
-    } else {
-        emit_logging_error(lg, name, "pre-execution");
+    } else if (detailed) {
+        if (format_inputs(&b, w, name, args, nargs, kwnames) == 0)
+            emit_buf(lg, &b);
+        else
+            emit_logging_error(lg, name, "pre-execution");
     }
 
     PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
