@@ -9,6 +9,7 @@ DEPS := torch==2.13.0 click pytest safetensors numpy ruff clang-format
 WARN := -Werror
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g
 PYTEST_ARGS ?=
+BUILD_FLAGS ?=
 C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
 	kernels/cuda/*.cu kernels/cuda/*.cuh)
 
@@ -27,7 +28,7 @@ venv: $(VENV)/.deps
 
 # Rebuild the extension in place (fast; the editable install points here).
 build: venv
-	FLASHINFER_EXTRA_CFLAGS="$(WARN)" $(VPY) setup.py -q build_ext --inplace --build-temp build/release
+	FLASHINFER_EXTRA_CFLAGS="$(WARN)" $(VPY) setup.py -q build_ext --inplace --build-temp build/release $(BUILD_FLAGS)
 
 demo: build
 	$(VPY) examples/demo.py
@@ -57,7 +58,7 @@ asan-test: venv
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); \
-		status=$$?; $(MAKE) --no-print-directory build >/dev/null; exit $$status
+		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
 
 clean:
 	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info

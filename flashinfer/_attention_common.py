@@ -1,10 +1,12 @@
 """Plumbing shared by the decode and prefill attention functions and wrappers.
 
-Argument checks, index-tensor copies, scale folding, output allocation and the call of
-``flashinfer._kernels.attention`` (with stream and thread count) live here once.
+Argument checks, index-tensor copies, scale folding, output allocation, the plan a
+wrapper keeps and the call of ``flashinfer._kernels.attention`` (with stream and thread
+count) live here once. A wrong type raises TypeError, a wrong value ValueError.
 """
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +24,11 @@ _DTYPES_BY_NAME = {
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
 }
+
+
+def _expect_tensor(name, value):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
 
 
 def _check_choice(name, value, accepted):
@@ -73,8 +80,7 @@ def _scale_value(name, scale):
 
 def _index_tensor(name, value):
     """A CPU int32 contiguous copy of an index array, as plan() keeps it."""
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    _expect_tensor(name, value)
     if value.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name}: dtype {value.dtype} is not supported; accepted: int32, int64")
     if value.dim() != 1:
@@ -92,19 +98,23 @@ def _split_paged_kv_cache(paged_kv_cache, kv_layout):
                 "(k_cache, v_cache) tuple"
             )
         return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
-    if isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
-        k_cache, v_cache = paged_kv_cache
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 4:
-                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(
-                    f"paged_kv_cache: {name} is {shape}; accepted: a 4-dimensional tensor"
-                )
-        return k_cache, v_cache
-    raise ValueError(
-        f"paged_kv_cache: {type(paged_kv_cache).__name__} is not supported; accepted: a "
-        "tensor [num_pages, 2, ...] or a (k_cache, v_cache) tuple"
-    )
+    if not isinstance(paged_kv_cache, (tuple, list)):
+        raise TypeError(
+            f"paged_kv_cache: {type(paged_kv_cache).__name__} is not supported; accepted: a "
+            "tensor [num_pages, 2, ...] or a (k_cache, v_cache) tuple"
+        )
+    if len(paged_kv_cache) != 2:
+        raise ValueError(
+            f"paged_kv_cache: {len(paged_kv_cache)} items; accepted: a (k_cache, v_cache) pair"
+        )
+    k_cache, v_cache = paged_kv_cache
+    accepted = "accepted: a 4-dimensional tensor"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"paged_kv_cache: {name} is {type(t).__name__}; {accepted}")
+        if t.dim() != 4:
+            raise ValueError(f"paged_kv_cache: {name} is {tuple(t.shape)}; {accepted}")
+    return k_cache, v_cache
 
 
 def _check_paged_cache(k_cache, kv_layout, num_kv_heads, page_size, head_dim):
@@ -131,8 +141,7 @@ def _output(name, given, shape, dtype, device=None):
     """The preallocated output when given (checked), else a new tensor on device."""
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    if not isinstance(given, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(given).__name__}")
+    _expect_tensor(name, given)
     if tuple(given.shape) != tuple(shape) or given.dtype != dtype:
         raise ValueError(
             f"{name}: shape {tuple(given.shape)} and dtype {given.dtype} do not match the "
@@ -150,7 +159,7 @@ def _no_extra_args(args):
 
 
 def _on_device(name, t, device, cache):
-    """t on device; copies are kept in cache (a plan's dict) so run() copies once."""
+    """t on device; copies are kept in cache (a plan's device_copies) so run() copies once."""
     if t is None or t.device == device:
         return t
     if cache is None:
@@ -205,8 +214,7 @@ def _common_kwargs(
 
 
 def _check_tensor(name, t, ndim):
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    _expect_tensor(name, t)
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
 
@@ -277,6 +285,40 @@ def _plan_dtypes(q_data_type, kv_data_type, data_type=None, o_data_type=None):
     return q_dtype, kv_dtype, q_dtype if o_dtype is None else o_dtype
 
 
+@dataclass(eq=False)
+class _Plan:
+    """What a wrapper's ``plan()`` keeps for its ``run()`` calls.
+
+    Index arrays are CPU int32 copies (``_index_tensor``); ``settings`` are
+    ``_common_kwargs``'s keyword arguments of the kernel, ``sm_scale`` not yet folded.
+    ``plan()`` sets ``kv_indptr`` after the common checks; a paged plan also sets
+    ``page_size``, ``kv_indices`` and ``kv_last_page_len``, a prefill plan its packed
+    mask and ``causal``. ``device_copies`` caches the index arrays moved to a CUDA device
+    (``_on_device``), so they are copied once, not per run.
+    """
+
+    qo_indptr: torch.Tensor
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_dtype: torch.dtype | None
+    kv_dtype: torch.dtype | None
+    settings: dict
+    o_dtype: torch.dtype | None = None  # None: q's dtype
+    kv_indptr: torch.Tensor | None = None
+    page_size: int = 0
+    kv_indices: torch.Tensor | None = None
+    kv_last_page_len: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    mask_indptr: torch.Tensor | None = None
+    causal: bool = False
+    device_copies: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self):
+        return self.qo_indptr.numel() - 1
+
+
 def _init_wrapper(wrapper, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit):
     """The settings every wrapper's ``__init__`` keeps; jit is (jit_args, jit_kwargs)."""
     if jit[0] is not None or jit[1] is not None:
@@ -301,7 +343,7 @@ def _check_planned_q(plan, q, want, sizes):
     _check_tensor("q", q, 3)
     if tuple(q.shape) != want:
         raise ValueError(f"q: shape {tuple(q.shape)} does not match the plan {sizes} = {want}")
-    _check_planned_dtype("q", q, plan["q_dtype"], "q_data_type")
+    _check_planned_dtype("q", q, plan.q_dtype, "q_data_type")
 
 
 def _run_outputs(q, out, lse, return_lse, dtype):
@@ -315,39 +357,37 @@ def _run_outputs(q, out, lse, return_lse, dtype):
 def _paged_kv(plan, kv_layout, paged_kv_cache):
     """(k_cache, v_cache) of a run's paged cache, checked against the plan."""
     k_cache, v_cache = _split_paged_kv_cache(paged_kv_cache, kv_layout)
-    _check_paged_cache(
-        k_cache, kv_layout, plan["num_kv_heads"], plan["page_size"], plan["head_dim"]
-    )
-    _check_planned_dtype("paged_kv_cache", k_cache, plan["kv_dtype"], "kv_data_type")
+    _check_paged_cache(k_cache, kv_layout, plan.num_kv_heads, plan.page_size, plan.head_dim)
+    _check_planned_dtype("paged_kv_cache", k_cache, plan.kv_dtype, "kv_data_type")
     return k_cache, v_cache
 
 
 def _run_kwargs(plan, window_left, q_scale, k_scale):
     """The planned kernel settings with run()'s window_left and folded q, k scales."""
-    kw = dict(plan["kwargs"])
+    kw = dict(plan.settings)
     if window_left is not None:
         kw["window_left"] = int(window_left)
-    kw["sm_scale"] = _final_scale(kw["sm_scale"], plan["head_dim"], q_scale, k_scale)
+    kw["sm_scale"] = _final_scale(kw["sm_scale"], plan.head_dim, q_scale, k_scale)
     return kw
-
-
-_PLANNED_ARRAYS = ("kv_indices", "kv_last_page_len", "mask", "mask_indptr", "causal")
 
 
 def _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw):
     """Runs the kernel on a plan (its index arrays and mask); out, and lse when asked."""
-    planned = {name: plan[name] for name in _PLANNED_ARRAYS if name in plan}
     _attention(
         q,
         k,
         v,
         out,
         lse,
-        plan["qo_indptr"],
-        plan["kv_indptr"],
-        cache=plan.setdefault("device_copies", {}),
+        plan.qo_indptr,
+        plan.kv_indptr,
+        cache=plan.device_copies,
+        kv_indices=plan.kv_indices,
+        kv_last_page_len=plan.kv_last_page_len,
+        mask=plan.mask,
+        mask_indptr=plan.mask_indptr,
+        causal=plan.causal,
         v_scale=_scale_value("v_scale", v_scale),
-        **planned,
         **kw,
     )
     return (out, lse) if return_lse else out

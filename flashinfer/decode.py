@@ -15,6 +15,7 @@ from ._attention_common import (
     _index_tensor,
     _init_wrapper,
     _paged_kv,
+    _Plan,
     _plan_dtypes,
     _planned,
     _run_kwargs,
@@ -204,19 +205,18 @@ class BatchDecodeWithPagedKVCacheWrapper:
             rope_theta,
         )
         q_dtype, kv_dtype, _ = _plan_dtypes(q_data_type, kv_data_type, data_type)
-        self._plan = dict(
-            kv_indptr=indptr,
-            kv_indices=indices,
-            kv_last_page_len=last_page_len,
+        self._plan = _Plan(
             qo_indptr=torch.arange(batch_size + 1, dtype=torch.int32),
-            batch_size=batch_size,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            page_size=page_size,
             q_dtype=q_dtype,
             kv_dtype=kv_dtype,
-            kwargs=kw,
+            settings=kw,
+            kv_indptr=indptr,
+            page_size=page_size,
+            kv_indices=indices,
+            kv_last_page_len=last_page_len,
         )
 
     @flashinfer_api
@@ -263,7 +263,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _check_planned_q(
             plan,
             q,
-            (plan["batch_size"], plan["num_qo_heads"], plan["head_dim"]),
+            (plan.batch_size, plan.num_qo_heads, plan.head_dim),
             "(batch_size, num_qo_heads, head_dim)",
         )
         k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)

@@ -15,10 +15,12 @@ from ._attention_common import (
     _check_planned_q,
     _check_tensor,
     _common_kwargs,
+    _expect_tensor,
     _index_tensor,
     _init_wrapper,
     _kv_len,
     _paged_kv,
+    _Plan,
     _plan_dtypes,
     _planned,
     _run_kwargs,
@@ -54,9 +56,11 @@ def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
     if sizes:
         mask_indptr[1:] = torch.tensor(nbytes, dtype=torch.int64).cumsum(0)
     if custom_mask is not None:
-        if not isinstance(custom_mask, torch.Tensor) or custom_mask.dtype != torch.bool:
-            got = custom_mask.dtype if isinstance(custom_mask, torch.Tensor) else custom_mask
-            raise ValueError(f"custom_mask: {got} is not supported; accepted: a bool tensor")
+        _expect_tensor("custom_mask", custom_mask)
+        if custom_mask.dtype != torch.bool:
+            raise ValueError(
+                f"custom_mask: {custom_mask.dtype} is not supported; accepted: a bool tensor"
+            )
         if single:
             want = (qo_lens[0], kv_lens[0])
             if tuple(custom_mask.shape) != want:
@@ -77,18 +81,12 @@ def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
         packed = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
         return packed, mask_indptr
     if packed_custom_mask is not None:
-        if (
-            not isinstance(packed_custom_mask, torch.Tensor)
-            or packed_custom_mask.dtype != torch.uint8
-            or packed_custom_mask.dim() != 1
-        ):
-            got = (
-                f"{packed_custom_mask.dtype} {tuple(packed_custom_mask.shape)}"
-                if isinstance(packed_custom_mask, torch.Tensor)
-                else type(packed_custom_mask).__name__
-            )
+        _expect_tensor("packed_custom_mask", packed_custom_mask)
+        if packed_custom_mask.dtype != torch.uint8 or packed_custom_mask.dim() != 1:
             raise ValueError(
-                f"packed_custom_mask: {got} is not supported; accepted: a 1-D uint8 tensor"
+                f"packed_custom_mask: {packed_custom_mask.dtype} "
+                f"{tuple(packed_custom_mask.shape)} is not supported; accepted: a 1-D uint8 "
+                "tensor"
             )
         if packed_custom_mask.numel() < sum(nbytes):
             raise ValueError(
@@ -238,24 +236,24 @@ def _prefill_plan_common(
         kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
     )
     q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, o_data_type=o_data_type)
-    return dict(
+    return _Plan(
         qo_indptr=qo_indptr,
         num_qo_heads=num_qo_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim_qk,
         q_dtype=q_dtype,
         kv_dtype=kv_dtype,
+        settings=kw,
         o_dtype=o_dtype,
-        kwargs=kw,
     )
 
 
 def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens):
     """The plan with its packed mask, mask offsets and causal flag (off under a mask)."""
-    mask, mask_indptr = _packed_mask(
-        custom_mask, packed_custom_mask, _lengths(plan["qo_indptr"]), kv_lens, False
+    plan.mask, plan.mask_indptr = _packed_mask(
+        custom_mask, packed_custom_mask, _lengths(plan.qo_indptr), kv_lens, False
     )
-    plan.update(mask=mask, mask_indptr=mask_indptr, causal=bool(causal) and mask is None)
+    plan.causal = bool(causal) and plan.mask is None
     return plan
 
 
@@ -263,10 +261,10 @@ def _prefill_run_outputs(plan, q, out, lse, return_lse):
     _check_planned_q(
         plan,
         q,
-        (int(plan["qo_indptr"][-1]), plan["num_qo_heads"], plan["head_dim"]),
+        (int(plan.qo_indptr[-1]), plan.num_qo_heads, plan.head_dim),
         "(qo_indptr[-1], num_qo_heads, head_dim_qk)",
     )
-    return _run_outputs(q, out, lse, return_lse, plan["o_dtype"] or q.dtype)
+    return _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype)
 
 
 class BatchPrefillWithPagedKVCacheWrapper:
@@ -374,7 +372,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
-        qo_indptr = plan["qo_indptr"]
+        qo_indptr = plan.qo_indptr
         kv_indptr = _index_tensor("paged_kv_indptr", paged_kv_indptr)
         kv_indices = _index_tensor("paged_kv_indices", paged_kv_indices)
         last_page_len = _index_tensor("paged_kv_last_page_len", paged_kv_last_page_len)
@@ -386,12 +384,10 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 "accepted: batch_size + 1 and batch_size"
             )
         _check_page_size(page_size)
-        plan.update(
-            kv_indptr=kv_indptr,
-            kv_indices=kv_indices,
-            kv_last_page_len=last_page_len,
-            page_size=page_size,
-        )
+        plan.kv_indptr = kv_indptr
+        plan.page_size = page_size
+        plan.kv_indices = kv_indices
+        plan.kv_last_page_len = last_page_len
         kv_lens = _paged_kv_lens(kv_indptr, last_page_len, page_size)
         self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens)
 
@@ -539,14 +535,14 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             kv_data_type,
             o_data_type,
         )
-        qo_indptr = plan["qo_indptr"]
+        qo_indptr = plan.qo_indptr
         kv_indptr = _index_tensor("kv_indptr", kv_indptr)
         if kv_indptr.numel() != qo_indptr.numel():
             raise ValueError(
                 f"kv_indptr: {kv_indptr.numel()} entries but qo_indptr has "
                 f"{qo_indptr.numel()}; accepted: the same batch_size + 1"
             )
-        plan["kv_indptr"] = kv_indptr
+        plan.kv_indptr = kv_indptr
         self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, _lengths(kv_indptr))
 
     @flashinfer_api
@@ -590,12 +586,12 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
         _check_tensor("k", k, 3)
         _check_tensor("v", v, 3)
-        _check_planned_dtype("k", k, plan["kv_dtype"], "kv_data_type")
+        _check_planned_dtype("k", k, plan.kv_dtype, "kv_data_type")
         heads = k.shape[1] if self._kv_layout == "NHD" else k.shape[0]
-        if heads != plan["num_kv_heads"]:
+        if heads != plan.num_kv_heads:
             raise ValueError(
                 f"k: {heads} kv heads in layout {self._kv_layout}; planned num_kv_heads "
-                f"{plan['num_kv_heads']}"
+                f"{plan.num_kv_heads}"
             )
         kw = _run_kwargs(plan, None, q_scale, k_scale)
         return _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw)

@@ -1,4 +1,5 @@
-"""Bad attention arguments raise ValueError naming the argument, before any kernel runs."""
+"""Bad attention arguments raise TypeError (not a tensor) or ValueError (a wrong value)
+naming the argument, before any kernel runs."""
 
 import pytest
 import torch
@@ -47,6 +48,41 @@ def raw_call(**over):
 
 def test_valid_raw_call_runs():
     raw_call()
+
+
+def test_raw_call_with_a_list_for_a_tensor_is_a_type_error():
+    with pytest.raises(TypeError, match="kv_indptr: expected a torch.Tensor, got list"):
+        raw_call(kv_indptr=[0, 4, 10])
+
+
+def test_single_decode_with_a_list_for_k_is_a_type_error():
+    q, _, v = qkv()
+    with pytest.raises(TypeError, match="k: expected a torch.Tensor, got list"):
+        single_decode_with_kv_cache(q, [0.0], v)
+
+
+def test_plan_with_a_list_for_indptr_is_a_type_error():
+    w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
+    with pytest.raises(TypeError, match="indptr: expected a torch.Tensor, got list"):
+        w.plan([0, 1], torch.tensor([0]), torch.tensor([1]), 4, 2, 64, 4)
+
+
+def test_run_with_a_dict_for_paged_kv_cache_is_a_type_error():
+    w, _ = planned_decode()
+    with pytest.raises(TypeError, match="paged_kv_cache: dict is not supported"):
+        w.run(torch.randn(2, 4, 64).to(F16), {})
+
+
+def test_run_with_three_caches_is_a_value_error():
+    w, cache = planned_decode()
+    with pytest.raises(ValueError, match=r"paged_kv_cache: 3 items; accepted: a \(k_cache"):
+        w.run(torch.randn(2, 4, 64).to(F16), (cache[:, 0], cache[:, 1], cache[:, 1]))
+
+
+def test_custom_mask_as_a_list_is_a_type_error():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="custom_mask: expected a torch.Tensor, got list"):
+        single_prefill_with_kv_cache(q.unsqueeze(0), k, v, custom_mask=[[True] * 8])
 
 
 def test_mismatched_head_counts():
@@ -107,9 +143,7 @@ def test_q_with_wrong_ndim():
 
 def test_tensor_on_another_device_is_refused():
     q, k, v = qkv()
-    with pytest.raises(
-        ValueError, match="k is on another device; this build runs attention on cpu"
-    ):
+    with pytest.raises(ValueError, match="k is on meta; this build runs attention on cpu"):
         single_decode_with_kv_cache(q, k.to("meta"), v)
 
 

@@ -62,6 +62,15 @@ def test_bmm_fp8_out_shape_checked():
         bmm_fp8(A, B, ONE, ONE, torch.bfloat16, out=out)
 
 
+def test_bmm_fp8_non_contiguous_out_shows_its_strides():
+    A, B = _ab()
+    out = torch.empty(2, 8, 4, dtype=torch.bfloat16).transpose(1, 2)
+    with pytest.raises(
+        ValueError, match=r"out: shape \[2, 4, 8\] with strides \[32, 1, 4\] is not contiguous"
+    ):
+        bmm_fp8(A, B, ONE, ONE, torch.bfloat16, out=out)
+
+
 def test_bmm_fp8_wrong_ndim():
     A, B = _ab()
     with pytest.raises(ValueError, match=r"A: expected a 3-D tensor"):
@@ -70,13 +79,13 @@ def test_bmm_fp8_wrong_ndim():
 
 def test_bmm_fp8_non_tensor_names_argument():
     _, B = _ab()
-    with pytest.raises(TypeError, match=r"A must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"A: expected a torch.Tensor, got list"):
         bmm_fp8([1], B, ONE, ONE, torch.bfloat16)
 
 
 def test_bmm_fp8_meta_device_rejected():
     A, B = _ab()
-    with pytest.raises(ValueError, match=r"A_scale is on other.*one device"):
+    with pytest.raises(ValueError, match=r"A_scale is on meta; this build runs bmm_fp8 on cpu"):
         bmm_fp8(A, B, torch.empty((), device="meta"), ONE, torch.bfloat16)
 
 

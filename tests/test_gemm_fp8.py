@@ -50,6 +50,14 @@ def test_bmm_fp8_writes_into_out_and_returns_it():
     _close(out, (A.float() @ B.float()) * 0.5)
 
 
+def test_bmm_fp8_empty_out_view_is_contiguous_as_torch_says():
+    A = torch.zeros(2, 0, 32, dtype=torch.float8_e4m3fn)
+    B = torch.zeros(2, 8, 32, dtype=torch.float8_e4m3fn).transpose(1, 2)
+    out = torch.empty(2, 8, 0, dtype=torch.bfloat16).transpose(1, 2)  # strides (8, 1, 1)
+    assert out.is_contiguous()
+    assert bmm_fp8(A, B, torch.tensor(1.0), torch.tensor(1.0), torch.bfloat16, out=out) is out
+
+
 def test_bmm_fp8_same_result_for_every_backend_name():
     A = _fp8((1, 8, 32), torch.float8_e4m3fn, 7)
     B = _fp8((1, 16, 32), torch.float8_e4m3fn, 8).transpose(1, 2)

@@ -91,6 +91,34 @@ def test_wrapper_used_twice_with_different_plans_replays(tmp_path):
     assert all(r.get("comparison_match", True) and "error" not in r for r in results)
 
 
+def test_prefill_wrappers_replay_their_plans(tmp_path):
+    root = record(
+        tmp_path,
+        """
+        from flashinfer.prefill import (
+            BatchPrefillWithPagedKVCacheWrapper,
+            BatchPrefillWithRaggedKVCacheWrapper,
+        )
+        i32 = lambda *v: torch.tensor(v, dtype=torch.int32)
+        ws = torch.empty(16, dtype=torch.int8)
+        q = torch.randn(5, 4, 64).half()
+        paged = BatchPrefillWithPagedKVCacheWrapper(ws)
+        paged.plan(i32(0, 2, 5), i32(0, 1, 3), i32(2, 0, 1), i32(3, 4), 4, 2, 64, 4, causal=True)
+        paged.run(q, torch.randn(3, 2, 4, 2, 64).half())
+        ragged = BatchPrefillWithRaggedKVCacheWrapper(ws)
+        ragged.plan(i32(0, 2, 5), i32(0, 3, 9), 4, 2, 64, custom_mask=torch.rand(24) > 0.5)
+        kv = torch.randn(9, 2, 64).half()
+        ragged.run(q, kv, kv, return_lse=True)
+        """,
+    )
+    results = replay_sequence(str(root), device="cpu")
+    names = [r["metadata"]["function_name"].split(".")[-1] for r in results]
+    assert names == ["__init__", "plan", "run"] * 2
+    assert all("error" not in r for r in results), [r.get("error") for r in results]
+    runs = [r for r, name in zip(results, names) if name == "run"]
+    assert [r["comparison_match"] for r in runs] == [True, True]
+
+
 def test_recorded_exception_replays_as_passed(tmp_path):
     root = record(
         tmp_path,

@@ -6,111 +6,38 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "args.h"
 #include "tensor.h"
 
+static const fi_dtype float_kinds[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
+static const fi_dtype float32_kind[] = {FI_DTYPE_F32};
+static const fi_dtype int32_kind[] = {FI_DTYPE_I32};
+
+/* The scalar settings of one call as Python passed them; check_settings checks them into
+ * fi_attention_params. */
 typedef struct {
-    const char *name;
-    PyObject *obj; /* borrowed; NULL/None when absent */
-    fi_tensor t;
-} arg_tensor;
-
-static const char *device_name(const fi_tensor *t)
-{
-    return t->device_type == FI_DEVICE_CPU    ? "cpu"
-           : t->device_type == FI_DEVICE_CUDA ? "cuda"
-                                              : "another device";
-}
-
-static int read_tensor(arg_tensor *a)
-{
-    if (!fi_is_tensor(a->obj)) {
-        PyErr_Format(PyExc_ValueError, "%s: expected a torch.Tensor, got %.200s", a->name,
-                     Py_TYPE(a->obj)->tp_name);
-        return -1;
-    }
-    return fi_tensor_from_py(a->obj, &a->t);
-}
-
-/* Every tensor on one device: all on the CPU, or (in a build with the CUDA kernels) all
- * on the same CUDA device. */
-static int check_devices(arg_tensor *args, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (args[i].t.device_type != FI_DEVICE_CPU && args[i].t.device_type != FI_DEVICE_CUDA) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s is on %s; this build runs attention on cpu and cuda tensors only",
-                         args[i].name, device_name(&args[i].t));
-            return -1;
-        }
-#ifndef FI_WITH_CUDA
-        if (args[i].t.device_type == FI_DEVICE_CUDA) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s is on cuda; this package was built without CUDA kernels (no nvcc "
-                         "at build time), so attention runs on cpu tensors only",
-                         args[i].name);
-            return -1;
-        }
-#endif
-    }
-    for (int i = 0; i < n; i++) {
-        if (args[i].t.device_type != args[0].t.device_type ||
-            args[i].t.device_index != args[0].t.device_index) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s is on %s:%d but %s is on %s:%d; all tensors must be on the "
-                         "same device",
-                         args[i].name, device_name(&args[i].t), args[i].t.device_index,
-                         args[0].name, device_name(&args[0].t), args[0].t.device_index);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static int check_ndim(const arg_tensor *a, int ndim)
-{
-    if (a->t.ndim != ndim) {
-        PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions, got %d", a->name, ndim,
-                     a->t.ndim);
-        return -1;
-    }
-    return 0;
-}
-
-static int check_dtype(const arg_tensor *a, fi_dtype want)
-{
-    if (a->t.dtype != want) {
-        PyErr_Format(PyExc_ValueError, "%s: dtype %s is not supported; accepted: %s", a->name,
-                     fi_dtype_name(a->t.dtype), fi_dtype_name(want));
-        return -1;
-    }
-    return 0;
-}
-
-static int is_float_dtype(fi_dtype d)
-{
-    return d == FI_DTYPE_F16 || d == FI_DTYPE_BF16 || d == FI_DTYPE_F32;
-}
+    const char *kv_layout, *pos_encoding_mode;
+    int causal;
+    long long window_left;
+    double logits_soft_cap, sm_scale, v_scale, rope_scale, rope_theta;
+    int num_threads; /* CPU worker threads; the CUDA kernel ignores it */
+} attention_settings;
 
 /* Index arrays are read as int32 [n] with unit stride. */
-static int check_index_array(const arg_tensor *a, int64_t len)
+static int check_index_array(const fi_arg *a, int64_t len)
 {
-    if (check_ndim(a, 1) < 0 || check_dtype(a, FI_DTYPE_I32) < 0)
+    if (fi_arg_check_ndim(a, 1, NULL) < 0 || fi_arg_check_dtype(a, int32_kind, 1) < 0)
         return -1;
     if (len >= 0 && a->t.shape[0] != len) {
         PyErr_Format(PyExc_ValueError, "%s: expected %lld entries, got %lld", a->name,
                      (long long)len, (long long)a->t.shape[0]);
         return -1;
     }
-    if (a->t.shape[0] > 1 && a->t.stride[0] != 1) {
-        PyErr_Format(PyExc_ValueError, "%s: must be contiguous, got stride %lld", a->name,
-                     (long long)a->t.stride[0]);
-        return -1;
-    }
-    return 0;
+    return fi_arg_check_contiguous(a);
 }
 
 /* indptr[0] >= 0, non-decreasing, indptr[last] <= limit. */
-static int check_indptr(const arg_tensor *a, int64_t limit, const char *limit_what)
+static int check_indptr(const fi_arg *a, int64_t limit, const char *limit_what)
 {
     const int32_t *v = a->t.data;
     int64_t n = a->t.shape[0];
@@ -140,7 +67,7 @@ static int check_indptr(const arg_tensor *a, int64_t limit, const char *limit_wh
     return 0;
 }
 
-static int check_last_dim_contiguous(const arg_tensor *a)
+static int check_last_dim_contiguous(const fi_arg *a)
 {
     if (a->t.ndim > 0 && a->t.shape[a->t.ndim - 1] > 1 && a->t.stride[a->t.ndim - 1] != 1) {
         PyErr_Format(PyExc_ValueError,
@@ -151,26 +78,15 @@ static int check_last_dim_contiguous(const arg_tensor *a)
     return 0;
 }
 
-static int check_shape(const arg_tensor *a, const char *what, int dim, int64_t want)
-{
-    if (a->t.shape[dim] != want) {
-        PyErr_Format(PyExc_ValueError, "%s: %s (dimension %d) is %lld; expected %lld", a->name,
-                     what, dim, (long long)a->t.shape[dim], (long long)want);
-        return -1;
-    }
-    return 0;
-}
-
 typedef struct {
-    arg_tensor q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask,
-        mask_indptr;
+    fi_arg q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask, mask_indptr;
 } attention_args;
 
 static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
 {
     int paged = p->paged;
     int nd = paged ? 4 : 3;
-    if (check_ndim(&a->k, nd) < 0 || check_ndim(&a->v, nd) < 0)
+    if (fi_arg_check_ndim(&a->k, nd, NULL) < 0 || fi_arg_check_ndim(&a->v, nd, NULL) < 0)
         return -1;
     for (int i = 0; i < nd; i++) {
         if (a->k.t.shape[i] != a->v.t.shape[i]) {
@@ -200,7 +116,7 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
     /* dims: [page,] token, head, dim for NHD; [page,] head, token, dim for HND */
     int base = paged ? 1 : 0;
     int tok = base + (hnd ? 1 : 0), head = base + (hnd ? 0 : 1);
-    if (check_shape(&a->k, "head_dim", nd - 1, p->head_dim) < 0)
+    if (fi_arg_check_dim(&a->k, nd - 1, "head_dim", p->head_dim) < 0)
         return -1;
     int64_t hkv = a->k.t.shape[head];
     if (hkv < 1 || p->num_qo_heads % hkv != 0) {
@@ -257,13 +173,11 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
 /* Each request's packed [qo_len, kv_len] bits must fit inside mask. */
 static int check_mask(attention_args *a, fi_attention_params *p)
 {
-    if (check_ndim(&a->mask, 1) < 0 || check_dtype(&a->mask, FI_DTYPE_U8) < 0 ||
+    static const fi_dtype u8[] = {FI_DTYPE_U8};
+    if (fi_arg_check_ndim(&a->mask, 1, NULL) < 0 || fi_arg_check_dtype(&a->mask, u8, 1) < 0 ||
+        fi_arg_check_contiguous(&a->mask) < 0 ||
         check_index_array(&a->mask_indptr, p->num_requests + 1) < 0)
         return -1;
-    if (a->mask.t.shape[0] > 1 && a->mask.t.stride[0] != 1) {
-        PyErr_Format(PyExc_ValueError, "%s: must be contiguous", a->mask.name);
-        return -1;
-    }
     if (check_indptr(&a->mask_indptr, a->mask.t.shape[0], "the length of the packed mask") < 0)
         return -1;
     const int32_t *mi = a->mask_indptr.t.data;
@@ -289,14 +203,9 @@ static int check_mask(attention_args *a, fi_attention_params *p)
 
 static int check_q_out(attention_args *a, fi_attention_params *p)
 {
-    if (check_ndim(&a->q, 3) < 0 || check_last_dim_contiguous(&a->q) < 0)
+    if (fi_arg_check_ndim(&a->q, 3, NULL) < 0 || check_last_dim_contiguous(&a->q) < 0 ||
+        fi_arg_check_dtype(&a->q, float_kinds, 3) < 0)
         return -1;
-    if (!is_float_dtype(a->q.t.dtype)) {
-        PyErr_Format(PyExc_ValueError,
-                     "q: dtype %s is not supported; accepted: float16, bfloat16, float32",
-                     fi_dtype_name(a->q.t.dtype));
-        return -1;
-    }
     int64_t d = a->q.t.shape[2];
     if (d != 64 && d != 128 && d != 256) {
         PyErr_Format(PyExc_ValueError, "q: head_dim %lld is not supported; accepted: 64, 128, 256",
@@ -309,29 +218,23 @@ static int check_q_out(attention_args *a, fi_attention_params *p)
     p->q_dtype = a->q.t.dtype;
     p->q_stride_n = a->q.t.stride[0];
     p->q_stride_h = a->q.t.stride[1];
-    if (check_ndim(&a->out, 3) < 0 || check_last_dim_contiguous(&a->out) < 0)
+    static const char *const dim_names[3] = {"rows", "heads", "head_dim"};
+    if (fi_arg_check_ndim(&a->out, 3, NULL) < 0 || check_last_dim_contiguous(&a->out) < 0)
         return -1;
     for (int i = 0; i < 3; i++)
-        if (check_shape(&a->out,
-                        i == 0   ? "rows"
-                        : i == 1 ? "heads"
-                                 : "head_dim",
-                        i, a->q.t.shape[i]) < 0)
+        if (fi_arg_check_dim(&a->out, i, dim_names[i], a->q.t.shape[i]) < 0)
             return -1;
-    if (!is_float_dtype(a->out.t.dtype)) {
-        PyErr_Format(PyExc_ValueError,
-                     "out: dtype %s is not supported; accepted: float16, bfloat16, float32",
-                     fi_dtype_name(a->out.t.dtype));
+    if (fi_arg_check_dtype(&a->out, float_kinds, 3) < 0)
         return -1;
-    }
     p->o = a->out.t.data;
     p->o_dtype = a->out.t.dtype;
     p->o_stride_n = a->out.t.stride[0];
     p->o_stride_h = a->out.t.stride[1];
     if (a->lse.obj) {
-        if (check_ndim(&a->lse, 2) < 0 || check_dtype(&a->lse, FI_DTYPE_F32) < 0 ||
-            check_shape(&a->lse, "rows", 0, a->q.t.shape[0]) < 0 ||
-            check_shape(&a->lse, "heads", 1, a->q.t.shape[1]) < 0)
+        if (fi_arg_check_ndim(&a->lse, 2, NULL) < 0 ||
+            fi_arg_check_dtype(&a->lse, float32_kind, 1) < 0 ||
+            fi_arg_check_dim(&a->lse, 0, "rows", a->q.t.shape[0]) < 0 ||
+            fi_arg_check_dim(&a->lse, 1, "heads", a->q.t.shape[1]) < 0)
             return -1;
         p->lse = a->lse.t.data;
         p->lse_stride_n = a->lse.t.stride[0];
@@ -354,10 +257,11 @@ static int scalar_error(const char *name, double value, const char *accepted)
     return -1;
 }
 
-static int check_scalars(fi_attention_params *p, const char *layout, const char *pos_mode,
-                         long long window_left, double cap, double sm_scale, double v_scale,
-                         double rope_scale, double rope_theta, int *hnd)
+/* The layout and position encoding by name, the numbers finite and in range; p and *hnd
+ * (the layout is HND) get them as the kernel takes them. */
+static int check_settings(const attention_settings *s, fi_attention_params *p, int *hnd)
 {
+    const char *layout = s->kv_layout, *pos_mode = s->pos_encoding_mode;
     if (strcmp(layout, "NHD") == 0 || strcmp(layout, "HND") == 0) {
         *hnd = layout[0] == 'H';
     } else {
@@ -378,42 +282,39 @@ static int check_scalars(fi_attention_params *p, const char *layout, const char 
                      pos_mode);
         return -1;
     }
-    if (!(cap >= 0.0) || isinf(cap))
-        return scalar_error("logits_soft_cap", cap, "a finite value >= 0 (0 or None: off)");
-    if (isinf(sm_scale))
-        return scalar_error("sm_scale", sm_scale, "a finite number");
-    if (!isfinite(v_scale))
-        return scalar_error("v_scale", v_scale, "a finite number");
-    if (!(rope_scale > 0.0) || isinf(rope_scale))
-        return scalar_error("rope_scale", rope_scale, "a finite number > 0");
-    if (!(rope_theta > 0.0) || isinf(rope_theta))
-        return scalar_error("rope_theta", rope_theta, "a finite number > 0");
-    p->window_left = window_left < 0 ? -1 : window_left;
-    p->logits_soft_cap = (float)cap;
-    p->sm_scale = (float)sm_scale;
-    p->v_scale = (float)v_scale;
-    p->rope_scale = (float)rope_scale;
-    p->rope_theta = (float)rope_theta;
+    if (!(s->logits_soft_cap >= 0.0) || isinf(s->logits_soft_cap))
+        return scalar_error("logits_soft_cap", s->logits_soft_cap,
+                            "a finite value >= 0 (0 or None: off)");
+    if (isinf(s->sm_scale))
+        return scalar_error("sm_scale", s->sm_scale, "a finite number");
+    if (!isfinite(s->v_scale))
+        return scalar_error("v_scale", s->v_scale, "a finite number");
+    if (!(s->rope_scale > 0.0) || isinf(s->rope_scale))
+        return scalar_error("rope_scale", s->rope_scale, "a finite number > 0");
+    if (!(s->rope_theta > 0.0) || isinf(s->rope_theta))
+        return scalar_error("rope_theta", s->rope_theta, "a finite number > 0");
+    p->causal = s->causal;
+    p->window_left = s->window_left < 0 ? -1 : s->window_left;
+    p->logits_soft_cap = (float)s->logits_soft_cap;
+    p->sm_scale = (float)s->sm_scale;
+    p->v_scale = (float)s->v_scale;
+    p->rope_scale = (float)s->rope_scale;
+    p->rope_theta = (float)s->rope_theta;
     return 0;
 }
 
 /* Every check, then p filled from the arguments (index arrays read where t.data points). */
-static int check_all(attention_args *a, fi_attention_params *p, const char *layout,
-                     const char *pos_mode, int causal, long long window_left, double cap,
-                     double sm_scale, double v_scale, double rope_scale, double rope_theta)
+static int check_all(attention_args *a, const attention_settings *s, fi_attention_params *p)
 {
     memset(p, 0, sizeof(*p));
     p->paged = a->kv_indices.obj != NULL;
-    p->causal = causal;
     int hnd = 0;
-    if (check_scalars(p, layout, pos_mode, window_left, cap, sm_scale, v_scale, rope_scale,
-                      rope_theta, &hnd) < 0 ||
-        check_q_out(a, p) < 0 || check_kv(a, p, hnd) < 0)
+    if (check_settings(s, p, &hnd) < 0 || check_q_out(a, p) < 0 || check_kv(a, p, hnd) < 0)
         return -1;
     p->kv_indptr = a->kv_indptr.t.data;
     if (a->mask.obj && check_mask(a, p) < 0)
         return -1;
-    if (isnan(sm_scale))
+    if (isnan(s->sm_scale))
         p->sm_scale = 1.0f / sqrtf((float)p->head_dim);
     return 0;
 }
@@ -429,41 +330,42 @@ static int check_all(attention_args *a, fi_attention_params *p, const char *layo
  * array must come with its host copy. */
 
 /* The CPU int32 twin of a device index array, or NULL (with no error) when t is not one. */
-static int32_t *host_twin(PyObject *t, const arg_tensor *device_array)
+static int32_t *host_twin(PyObject *t, const fi_arg *device_array)
 {
     fi_tensor h;
     if (!t || t == Py_None || !fi_is_tensor(t) || fi_tensor_from_py(t, &h) < 0) {
         PyErr_Clear();
         return NULL;
     }
-    int contiguous = h.ndim == 1 && (h.shape[0] <= 1 || h.stride[0] == 1);
-    if (h.device_type != FI_DEVICE_CPU || h.dtype != FI_DTYPE_I32 || !contiguous ||
-        device_array->t.ndim != 1 || h.shape[0] != device_array->t.shape[0])
+    if (h.device_type != FI_DEVICE_CPU || h.dtype != FI_DTYPE_I32 || h.ndim != 1 ||
+        !fi_tensor_is_contiguous(&h) || device_array->t.ndim != 1 ||
+        h.shape[0] != device_array->t.shape[0])
         return NULL;
     return h.data;
 }
-static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObject *host_index,
-                                const char *layout, const char *pos_mode, int causal,
-                                long long window_left, double cap, double sm_scale, double v_scale,
-                                double rope_scale, double rope_theta)
+
+static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
+                                PyObject *stream_obj, PyObject *host_index)
 {
     void *stream = NULL;
     if (stream_obj != Py_None) {
-        stream = PyLong_AsVoidPtr(stream_obj);
-        if (!stream && PyErr_Occurred()) {
-            PyErr_Format(PyExc_ValueError,
+        if (!PyLong_Check(stream_obj)) {
+            PyErr_Format(PyExc_TypeError,
                          "stream: expected an int (torch.cuda.Stream.cuda_stream), got %.200s",
                          Py_TYPE(stream_obj)->tp_name);
             return NULL;
         }
+        stream = PyLong_AsVoidPtr(stream_obj);
+        if (!stream && PyErr_Occurred())
+            return NULL;
     }
     int device = a->q.t.device_index, capturing = 0;
     if (fi_cuda_stream_capturing(device, stream, &capturing) != 0) {
         PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
         return NULL;
     }
-    arg_tensor *idx[NUM_INDEX_ARRAYS] = {&a->qo_indptr, &a->kv_indptr, &a->kv_indices,
-                                         &a->kv_last_page_len, &a->mask_indptr};
+    fi_arg *idx[NUM_INDEX_ARRAYS] = {&a->qo_indptr, &a->kv_indptr, &a->kv_indices,
+                                     &a->kv_last_page_len, &a->mask_indptr};
     void *device_data[NUM_INDEX_ARRAYS] = {NULL};
     int32_t *host[NUM_INDEX_ARRAYS] = {NULL};
     PyObject *result = NULL;
@@ -505,8 +407,7 @@ static PyObject *attention_cuda(attention_args *a, PyObject *stream_obj, PyObjec
         idx[i]->t.data = host[i];
     }
     fi_attention_params p;
-    if (check_all(a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale, rope_scale,
-                  rope_theta) < 0)
+    if (check_all(a, s, &p) < 0)
         goto done;
     /* Planning bounds from the checked host copies. */
     p.device = device;
@@ -574,17 +475,22 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
                              "stream",     "host_index",  NULL};
     attention_args a;
     memset(&a, 0, sizeof(a));
+    attention_settings s = {.kv_layout = "NHD",
+                            .pos_encoding_mode = "NONE",
+                            .window_left = -1,
+                            .sm_scale = NAN,
+                            .v_scale = 1.0,
+                            .rope_scale = 1.0,
+                            .rope_theta = 1e4,
+                            .num_threads = 1};
     PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
              *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None, *host_index = Py_None;
-    const char *layout = "NHD", *pos_mode = "NONE";
-    int causal = 0, num_threads = 1;
-    long long window_left = -1;
-    double cap = 0.0, sm_scale = NAN, v_scale = 1.0, rope_scale = 1.0, rope_theta = 1e4;
     if (!PyArg_ParseTupleAndKeywords(
             args, kwargs, "OOOOOOO|OOOOspLdddsddiOO", kwlist, &a.q.obj, &a.k.obj, &a.v.obj,
             &a.out.obj, &lse, &a.qo_indptr.obj, &a.kv_indptr.obj, &kv_indices, &last_page_len,
-            &mask, &mask_indptr, &layout, &causal, &window_left, &cap, &sm_scale, &v_scale,
-            &pos_mode, &rope_scale, &rope_theta, &num_threads, &stream_obj, &host_index))
+            &mask, &mask_indptr, &s.kv_layout, &s.causal, &s.window_left, &s.logits_soft_cap,
+            &s.sm_scale, &s.v_scale, &s.pos_encoding_mode, &s.rope_scale, &s.rope_theta,
+            &s.num_threads, &stream_obj, &host_index))
         return NULL;
     int paged = kv_indices != Py_None;
     if (paged != (last_page_len != Py_None)) {
@@ -614,35 +520,29 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     a.mask.obj = mask == Py_None ? NULL : mask;
     a.mask_indptr.obj = mask == Py_None ? NULL : mask_indptr;
 
-    arg_tensor *all[] = {&a.q,         &a.k,          &a.v,
-                         &a.out,       &a.lse,        &a.qo_indptr,
-                         &a.kv_indptr, &a.kv_indices, &a.kv_last_page_len,
-                         &a.mask,      &a.mask_indptr};
-    arg_tensor present[11];
+    fi_arg *all[] = {&a.q,         &a.k,          &a.v,
+                     &a.out,       &a.lse,        &a.qo_indptr,
+                     &a.kv_indptr, &a.kv_indices, &a.kv_last_page_len,
+                     &a.mask,      &a.mask_indptr};
+    fi_arg *present[sizeof(all) / sizeof(all[0])];
     int n = 0;
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         if (!all[i]->obj)
             continue;
-        if (read_tensor(all[i]) < 0)
+        if (fi_arg_read(all[i]) < 0)
             return NULL;
-        present[n++] = *all[i];
+        present[n++] = all[i];
     }
-    if (check_devices(present, n) < 0)
+    if (fi_args_check_devices("attention", present, n) < 0)
         return NULL;
-
-    if (a.q.t.device_type == FI_DEVICE_CUDA) {
 #ifdef FI_WITH_CUDA
-        return attention_cuda(&a, stream_obj, host_index, layout, pos_mode, causal, window_left,
-                              cap, sm_scale, v_scale, rope_scale, rope_theta);
+    if (a.q.t.device_type == FI_DEVICE_CUDA)
+        return attention_cuda(&a, &s, stream_obj, host_index);
 #endif
-    }
     fi_attention_params p;
-    if (check_all(&a, &p, layout, pos_mode, causal, window_left, cap, sm_scale, v_scale, rope_scale,
-                  rope_theta) < 0)
+    if (check_all(&a, &s, &p) < 0)
         return NULL;
-    if (num_threads < 1)
-        num_threads = 1;
-
+    int num_threads = s.num_threads < 1 ? 1 : s.num_threads;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = fi_attention_cpu(&p, num_threads);
     Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();

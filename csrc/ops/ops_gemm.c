@@ -2,153 +2,23 @@
  * dtypes, shapes, output buffers) and runs the CPU or CUDA kernels with the GIL released. */
 #include "ops_gemm.h"
 
-#include "flashinfer_kernels.h"
+#include "args.h"
 #include "tensor.h"
-
-/* One tensor argument: its public name and what we read from it. */
-typedef struct {
-    const char *name;
-    PyObject *obj;
-    fi_tensor t;
-} tensor_arg;
-
-static int read_arg(tensor_arg *a)
-{
-    if (!fi_is_tensor(a->obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a torch.Tensor, got %.200s", a->name,
-                     Py_TYPE(a->obj)->tp_name);
-        return -1;
-    }
-    return fi_tensor_from_py(a->obj, &a->t);
-}
-
-static const char *device_name(const fi_tensor *t)
-{
-    return t->device_type == FI_DEVICE_CPU    ? "cpu"
-           : t->device_type == FI_DEVICE_CUDA ? "cuda"
-                                              : "other";
-}
-
-/* All tensors must share one device: the CPU, or a CUDA device in a build with CUDA. */
-static int check_devices(const char *op, tensor_arg **args, int n)
-{
-    for (int i = 1; i < n; i++) {
-        if (args[i]->t.device_type != args[0]->t.device_type ||
-            args[i]->t.device_index != args[0]->t.device_index) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: %s is on %s:%d but %s is on %s:%d; all tensors must be on one "
-                         "device",
-                         op, args[i]->name, device_name(&args[i]->t), args[i]->t.device_index,
-                         args[0]->name, device_name(&args[0]->t), args[0]->t.device_index);
-            return -1;
-        }
-    }
-    if (n > 0 && args[0]->t.device_type == FI_DEVICE_CUDA) {
-#ifdef FI_WITH_CUDA
-        return 0;
-#else
-        PyErr_Format(
-            PyExc_ValueError,
-            "%s: %s is on device cuda:%d but this build of flashinfer._kernels has no CUDA "
-            "support (built without nvcc); %s runs on cpu tensors only",
-            op, args[0]->name, args[0]->t.device_index, op);
-        return -1;
-#endif
-    }
-    if (n > 0 && args[0]->t.device_type != FI_DEVICE_CPU) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: %s is on device %s; this build runs %s on cpu tensors only", op,
-                     args[0]->name, device_name(&args[0]->t), op);
-        return -1;
-    }
-    return 0;
-}
-
-static int check_dtype(const tensor_arg *a, const fi_dtype *allowed, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (a->t.dtype == allowed[i])
-            return 0;
-    char list[256] = "";
-    size_t used = 0;
-    for (int i = 0; i < n && used < sizeof(list); i++)
-        used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? ", " : "",
-                                 fi_dtype_name(allowed[i]));
-    PyErr_Format(PyExc_ValueError, "%s: dtype %s is not accepted; expected one of: %s", a->name,
-                 fi_dtype_name(a->t.dtype), list);
-    return -1;
-}
-
-static int check_ndim(const tensor_arg *a, int ndim, const char *what)
-{
-    if (a->t.ndim == ndim)
-        return 0;
-    PyErr_Format(PyExc_ValueError, "%s: expected a %d-D tensor %s, got %d dimensions", a->name,
-                 ndim, what, a->t.ndim);
-    return -1;
-}
-
-static void shape_str(const fi_tensor *t, char *buf, size_t cap)
-{
-    size_t used = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < t->ndim && used < cap; i++)
-        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "",
-                                 (long long)t->shape[i]);
-    if (used < cap)
-        snprintf(buf + used, cap - used, "]");
-}
-
-static int check_shape(const tensor_arg *a, const int64_t *want, int ndim)
-{
-    int ok = a->t.ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = a->t.shape[i] == want[i];
-    if (ok)
-        return 0;
-    char seen[160], exp[160];
-    fi_tensor w = {.ndim = ndim};
-    for (int i = 0; i < ndim; i++)
-        w.shape[i] = want[i];
-    shape_str(&a->t, seen, sizeof(seen));
-    shape_str(&w, exp, sizeof(exp));
-    PyErr_Format(PyExc_ValueError, "%s: shape %s does not match the expected %s", a->name, seen,
-                 exp);
-    return -1;
-}
-
-static int is_contiguous(const fi_tensor *t)
-{
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != expect)
-            return 0;
-        expect *= t->shape[i];
-    }
-    return 1;
-}
 
 /* Contiguous, or the transpose of a contiguous 2-D tensor (b_descale is passed as sf.T). */
 static int is_dense(const fi_tensor *t)
 {
-    if (is_contiguous(t))
+    if (fi_tensor_is_contiguous(t))
         return 1;
     return t->ndim == 2 && (t->shape[0] == 1 || t->stride[0] == 1) &&
            (t->shape[1] == 1 || t->stride[1] == t->shape[0]);
 }
 
-static int check_contiguous(const tensor_arg *a)
-{
-    if (is_contiguous(&a->t))
-        return 0;
-    PyErr_Format(PyExc_ValueError, "%s: must be a contiguous tensor", a->name);
-    return -1;
-}
-
 /* A one-element float32 tensor (a scale or alpha). */
-static int check_scalar_f32(const tensor_arg *a)
+static int check_scalar_f32(const fi_arg *a)
 {
     static const fi_dtype f32[] = {FI_DTYPE_F32};
-    if (check_dtype(a, f32, 1) < 0)
+    if (fi_arg_check_dtype(a, f32, 1) < 0)
         return -1;
     if (fi_tensor_numel(&a->t) != 1) {
         PyErr_Format(PyExc_ValueError, "%s: expected one float32 value, got %lld elements", a->name,
@@ -216,17 +86,17 @@ enum { BMM_NATIVE = 0, BMM_CUBLASLT = 1, BMM_CUBLASLT_ONLY = 2 };
 static const fi_dtype fp8_kinds[] = {FI_DTYPE_E4M3FN, FI_DTYPE_E5M2};
 
 /* bmm_fp8 on CUDA tensors (already checked): cuBLASLt and/or the native kernel. */
-static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, tensor_arg *ws,
-                              const char *lib_dir, tensor_arg *out)
+static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, fi_arg *ws, const char *lib_dir,
+                              fi_arg *out)
 {
 #ifdef FI_WITH_CUDA
     void *ws_data = NULL;
     size_t ws_bytes = 0;
     if (ws->obj != Py_None) {
         static const fi_dtype u8[] = {FI_DTYPE_U8};
-        tensor_arg *pair[2] = {out, ws};
-        if (read_arg(ws) < 0 || check_devices("bmm_fp8", pair, 2) < 0 ||
-            check_dtype(ws, u8, 1) < 0 || check_contiguous(ws) < 0)
+        fi_arg *pair[2] = {out, ws};
+        if (fi_arg_read(ws) < 0 || fi_args_check_devices("bmm_fp8", pair, 2) < 0 ||
+            fi_arg_check_dtype(ws, u8, 1) < 0 || fi_arg_check_contiguous(ws) < 0)
             return NULL;
         ws_data = ws->t.data;
         ws_bytes = (size_t)fi_tensor_numel(&ws->t);
@@ -260,9 +130,9 @@ PyDoc_STRVAR(bmm_fp8_doc,
 static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"},
-               bs = {.name = "B_scale"}, out = {.name = "out"};
-    tensor_arg ws = {.name = "workspace"};
+    fi_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"},
+           out = {.name = "out"};
+    fi_arg ws = {.name = "workspace"};
     int num_threads, backend = BMM_NATIVE;
     unsigned long long stream = 0;
     const char *lib_dir = NULL;
@@ -275,13 +145,13 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
                             "backend: %d is not a backend; expected 0 (native), 1 (cuBLASLt, "
                             "else native) or 2 (cuBLASLt only)",
                             backend);
-    tensor_arg *all[] = {&A, &B, &as, &bs, &out};
+    fi_arg *all[] = {&A, &B, &as, &bs, &out};
     for (int i = 0; i < 4; i++)
-        if (read_arg(all[i]) < 0)
+        if (fi_arg_read(all[i]) < 0)
             return NULL;
-    if (check_devices("bmm_fp8", all, 4) < 0 || check_dtype(&A, fp8_kinds, 2) < 0 ||
-        check_dtype(&B, fp8_kinds, 2) < 0 || check_ndim(&A, 3, "[b, m, k]") < 0 ||
-        check_ndim(&B, 3, "[b, k, n]") < 0)
+    if (fi_args_check_devices("bmm_fp8", all, 4) < 0 || fi_arg_check_dtype(&A, fp8_kinds, 2) < 0 ||
+        fi_arg_check_dtype(&B, fp8_kinds, 2) < 0 || fi_arg_check_ndim(&A, 3, "[b, m, k]") < 0 ||
+        fi_arg_check_ndim(&B, 3, "[b, k, n]") < 0)
         return NULL;
     if (B.t.shape[0] != A.t.shape[0])
         return PyErr_Format(PyExc_ValueError,
@@ -292,10 +162,10 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
                             "B: k = %lld (B.shape[1]) does not match A's k = %lld (A.shape[2])",
                             (long long)B.t.shape[1], (long long)A.t.shape[2]);
     int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
-    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || read_arg(&out) < 0 ||
-        check_devices("bmm_fp8", all, 5) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
-        check_shape(&out, want, 3) < 0 || check_contiguous(&out) < 0 ||
-        check_threads(num_threads) < 0)
+    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("bmm_fp8", all, 5) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 3) < 0 ||
+        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
         return NULL;
     fi_gemm_fp8_params p = {.a = A.t,
                             .b = B.t,
@@ -319,23 +189,22 @@ PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\
 static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"},
-               out = {.name = "out"};
+    fi_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
     int num_threads;
     unsigned long long stream = 0;
     if (!PyArg_ParseTuple(args, "OOOOi|K:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
                           &num_threads, &stream))
         return NULL;
-    tensor_arg *all[4] = {&a, &b, &alpha, &out};
+    fi_arg *all[4] = {&a, &b, &alpha, &out};
     int n = alpha.obj == Py_None ? 2 : 3;
     all[n] = &out;
     for (int i = 0; i < n; i++)
-        if (read_arg(all[i]) < 0)
+        if (fi_arg_read(all[i]) < 0)
             return NULL;
     static const fi_dtype e4m3[] = {FI_DTYPE_E4M3FN};
-    if (check_devices("mm_fp8", all, n) < 0 || check_dtype(&a, e4m3, 1) < 0 ||
-        check_dtype(&b, e4m3, 1) < 0 || check_ndim(&a, 2, "[m, k]") < 0 ||
-        check_ndim(&b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") < 0)
+    if (fi_args_check_devices("mm_fp8", all, n) < 0 || fi_arg_check_dtype(&a, e4m3, 1) < 0 ||
+        fi_arg_check_dtype(&b, e4m3, 1) < 0 || fi_arg_check_ndim(&a, 2, "[m, k]") < 0 ||
+        fi_arg_check_ndim(&b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") < 0)
         return NULL;
     if (b.t.shape[2] != 128 || b.t.shape[0] * 128 != a.t.shape[1])
         return PyErr_Format(PyExc_ValueError,
@@ -344,10 +213,10 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
                             (long long)b.t.shape[0], (long long)b.t.shape[1],
                             (long long)b.t.shape[2], (long long)a.t.shape[1]);
     int64_t want[2] = {a.t.shape[0], b.t.shape[1]};
-    if ((n == 3 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
-        check_devices("mm_fp8", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
-        check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0 ||
-        check_threads(num_threads) < 0)
+    if ((n == 3 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("mm_fp8", all, n + 1) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
         return NULL;
     fi_gemm_fp8_params p = {.out = out.t,
                             .b = b.t,
@@ -377,7 +246,7 @@ static int check_layout(int layout)
     return -1;
 }
 
-static int check_sf_numel(const tensor_arg *a, int64_t want)
+static int check_sf_numel(const fi_arg *a, int64_t want)
 {
     if (fi_tensor_numel(&a->t) == want)
         return 0;
@@ -394,23 +263,23 @@ PyDoc_STRVAR(fp4_quantize_doc,
 static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
-               sf = {.name = "sf"};
+    fi_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
+           sf = {.name = "sf"};
     int sv, ue8m0, layout, inversed, num_threads;
     unsigned long long stream = 0;
     if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
                           &ue8m0, &layout, &inversed, &num_threads, &stream))
         return NULL;
-    tensor_arg *all[4] = {&x, &xq, &sf, &gs};
+    fi_arg *all[4] = {&x, &xq, &sf, &gs};
     int n = gs.obj == Py_None ? 3 : 4;
     for (int i = 0; i < n; i++)
-        if (read_arg(all[i]) < 0)
+        if (fi_arg_read(all[i]) < 0)
             return NULL;
     static const fi_dtype floats[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
     static const fi_dtype u8[] = {FI_DTYPE_U8};
-    if (check_devices("fp4_quantize", all, n) < 0 || check_dtype(&x, floats, 3) < 0 ||
-        check_ndim(&x, 2, "[m, k]") < 0 || check_layout(layout) < 0 ||
-        check_threads(num_threads) < 0)
+    if (fi_args_check_devices("fp4_quantize", all, n) < 0 ||
+        fi_arg_check_dtype(&x, floats, 3) < 0 || fi_arg_check_ndim(&x, 2, "[m, k]") < 0 ||
+        check_layout(layout) < 0 || check_threads(num_threads) < 0)
         return NULL;
     if (sv != 16 && sv != 32)
         return PyErr_Format(PyExc_ValueError, "sf_vec_size: %d is not supported; expected 16 or 32",
@@ -422,9 +291,9 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
                             "sf_vec_size = %d",
                             (long long)k, sv);
     int64_t want_q[2] = {m, k / 2};
-    if ((n == 4 && check_scalar_f32(&gs) < 0) || check_dtype(&xq, u8, 1) < 0 ||
-        check_shape(&xq, want_q, 2) < 0 || check_contiguous(&xq) < 0 ||
-        check_dtype(&sf, u8, 1) < 0 || check_contiguous(&sf) < 0 ||
+    if ((n == 4 && check_scalar_f32(&gs) < 0) || fi_arg_check_dtype(&xq, u8, 1) < 0 ||
+        fi_arg_check_shape(&xq, want_q, 2) < 0 || fi_arg_check_contiguous(&xq) < 0 ||
+        fi_arg_check_dtype(&sf, u8, 1) < 0 || fi_arg_check_contiguous(&sf) < 0 ||
         check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
         return NULL;
     fi_fp4_quantize_params p = {.x = x.t,
@@ -450,24 +319,24 @@ PyDoc_STRVAR(mm_fp4_doc,
 static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
 {
     (void)self;
-    tensor_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"},
-               bsf = {.name = "b_descale"}, alpha = {.name = "alpha"}, out = {.name = "out"};
+    fi_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"},
+           bsf = {.name = "b_descale"}, alpha = {.name = "alpha"}, out = {.name = "out"};
     int bs, layout, ue8m0, num_threads;
     unsigned long long stream = 0;
     if (!PyArg_ParseTuple(args, "OOOOOOiipi|K:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
                           &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads, &stream))
         return NULL;
-    tensor_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
+    fi_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
     int n = alpha.obj == Py_None ? 4 : 5;
     all[n] = &out;
     for (int i = 0; i < n; i++)
-        if (read_arg(all[i]) < 0)
+        if (fi_arg_read(all[i]) < 0)
             return NULL;
     static const fi_dtype packed[] = {FI_DTYPE_U8, FI_DTYPE_FP4X2};
     static const fi_dtype scales[] = {FI_DTYPE_U8, FI_DTYPE_E4M3FN, FI_DTYPE_E8M0FNU};
-    if (check_devices("mm_fp4", all, n) < 0 || check_dtype(&a, packed, 2) < 0 ||
-        check_dtype(&b, packed, 2) < 0 || check_ndim(&a, 2, "[m, k/2]") < 0 ||
-        check_ndim(&b, 2, "[k/2, n]") < 0 || check_layout(layout) < 0 ||
+    if (fi_args_check_devices("mm_fp4", all, n) < 0 || fi_arg_check_dtype(&a, packed, 2) < 0 ||
+        fi_arg_check_dtype(&b, packed, 2) < 0 || fi_arg_check_ndim(&a, 2, "[m, k/2]") < 0 ||
+        fi_arg_check_ndim(&b, 2, "[k/2, n]") < 0 || check_layout(layout) < 0 ||
         check_threads(num_threads) < 0)
         return NULL;
     if (bs != 16 && bs != 32)
@@ -486,20 +355,21 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
     int64_t want[2] = {m, n_out};
     /* a's scales may be 8x4 (small-m friendly); b's then stay 128x4, as in FlashInfer */
     fi_sf_layout b_layout = layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
-    if (check_dtype(&asf, scales, 3) < 0 || check_dtype(&bsf, scales, 3) < 0 ||
+    if (fi_arg_check_dtype(&asf, scales, 3) < 0 || fi_arg_check_dtype(&bsf, scales, 3) < 0 ||
         check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
         check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, b_layout)) < 0)
         return NULL;
-    tensor_arg *sfs[2] = {&asf, &bsf};
+    fi_arg *sfs[2] = {&asf, &bsf};
     for (int i = 0; i < 2; i++)
         if (!is_dense(&sfs[i]->t))
             return PyErr_Format(PyExc_ValueError,
                                 "%s: must be contiguous (or the .T of a contiguous tensor), "
                                 "as nvfp4_quantize returns it",
                                 sfs[i]->name);
-    if ((n == 5 && check_scalar_f32(&alpha) < 0) || read_arg(&out) < 0 ||
-        check_devices("mm_fp4", all, n + 1) < 0 || check_dtype(&out, half_kinds, 2) < 0 ||
-        check_shape(&out, want, 2) < 0 || check_contiguous(&out) < 0)
+    if ((n == 5 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+        fi_args_check_devices("mm_fp4", all, n + 1) < 0 ||
+        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&out) < 0)
         return NULL;
     fi_gemm_fp4_params p = {.a = a.t,
                             .b = b.t,

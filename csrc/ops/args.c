@@ -1,0 +1,156 @@
+/* args.c: reading and checking the tensor arguments of the flashinfer._kernels entry points.
+ * One wording for every kernel: the argument, the value seen, what is accepted. */
+#include "args.h"
+
+#include "strbuf.h"
+#include "tensor.h"
+
+#ifdef FI_WITH_CUDA
+#define DEVICES_ACCEPTED "cpu and cuda tensors only"
+#else
+#define DEVICES_ACCEPTED "cpu tensors only (built without CUDA kernels: no nvcc at build time)"
+#endif
+
+int fi_arg_read(fi_arg *a)
+{
+    if (!fi_is_tensor(a->obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %.200s", a->name,
+                     Py_TYPE(a->obj)->tp_name);
+        return -1;
+    }
+    return fi_tensor_from_py(a->obj, &a->t);
+}
+
+static int runs_here(const fi_tensor *t)
+{
+#ifdef FI_WITH_CUDA
+    if (t->device_type == FI_DEVICE_CUDA)
+        return 1;
+#endif
+    return t->device_type == FI_DEVICE_CPU;
+}
+
+/* Only cpu and cuda get this far in a message; any other device is named by torch. */
+static const char *device_kind(const fi_tensor *t)
+{
+    return t->device_type == FI_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+static int device_refused(const char *op, const fi_arg *a)
+{
+    fi_buf device;
+    fi_buf_init(&device);
+    if (fi_tensor_put_device(&device, a->obj, &a->t) == 0)
+        PyErr_Format(PyExc_ValueError, "%s: %s is on %s; this build runs %s on " DEVICES_ACCEPTED,
+                     op, a->name, device.data, op);
+    else if (!PyErr_Occurred())
+        PyErr_NoMemory();
+    fi_buf_free(&device);
+    return -1;
+}
+
+int fi_args_check_devices(const char *op, fi_arg *const *args, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!runs_here(&args[i]->t))
+            return device_refused(op, args[i]);
+    for (int i = 1; i < n; i++) {
+        const fi_tensor *t = &args[i]->t, *first = &args[0]->t;
+        if (t->device_type != first->device_type || t->device_index != first->device_index) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: %s is on %s:%d but %s is on %s:%d; all tensors must be on one "
+                         "device",
+                         op, args[i]->name, device_kind(t), t->device_index, args[0]->name,
+                         device_kind(first), first->device_index);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int fi_arg_check_ndim(const fi_arg *a, int ndim, const char *layout)
+{
+    if (a->t.ndim == ndim)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: expected a %d-D tensor%s%s, got %d dimensions", a->name,
+                 ndim, layout ? " " : "", layout ? layout : "", a->t.ndim);
+    return -1;
+}
+
+/* ValueError from fmt, whose three %s are name, middle and b's text (built by the caller,
+ * so a failed allocation becomes MemoryError); frees b. */
+static int value_error_with(fi_buf *b, const char *fmt, const char *name, const char *middle)
+{
+    if (b->oom)
+        PyErr_NoMemory();
+    else
+        PyErr_Format(PyExc_ValueError, fmt, name, middle, b->data);
+    fi_buf_free(b);
+    return -1;
+}
+
+int fi_arg_check_dtype(const fi_arg *a, const fi_dtype *accepted, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a->t.dtype == accepted[i])
+            return 0;
+    fi_buf list;
+    fi_buf_init(&list);
+    for (int i = 0; i < n; i++)
+        fi_buf_printf(&list, "%s%s", i ? ", " : "", fi_dtype_name(accepted[i]));
+    return value_error_with(&list, "%s: dtype %s is not supported; accepted: %s", a->name,
+                            fi_dtype_name(a->t.dtype));
+}
+
+/* "[2, 3, 4]" */
+static void put_dims(fi_buf *b, const int64_t *dims, int n)
+{
+    fi_buf_putc(b, '[');
+    for (int i = 0; i < n; i++)
+        fi_buf_printf(b, "%s%lld", i ? ", " : "", (long long)dims[i]);
+    fi_buf_putc(b, ']');
+}
+
+int fi_arg_check_shape(const fi_arg *a, const int64_t *want, int ndim)
+{
+    int same = a->t.ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = a->t.shape[i] == want[i];
+    if (same)
+        return 0;
+    fi_buf seen, expected;
+    fi_buf_init(&seen);
+    fi_buf_init(&expected);
+    put_dims(&seen, a->t.shape, a->t.ndim);
+    put_dims(&expected, want, ndim);
+    int rc = value_error_with(&expected, "%s: shape %s does not match the expected %s", a->name,
+                              seen.data);
+    fi_buf_free(&seen);
+    return rc;
+}
+
+int fi_arg_check_dim(const fi_arg *a, int dim, const char *what, int64_t want)
+{
+    if (a->t.shape[dim] == want)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: %s (dimension %d) is %lld; expected %lld", a->name, what,
+                 dim, (long long)a->t.shape[dim], (long long)want);
+    return -1;
+}
+
+int fi_arg_check_contiguous(const fi_arg *a)
+{
+    if (fi_tensor_is_contiguous(&a->t))
+        return 0;
+    fi_buf shape, strides;
+    fi_buf_init(&shape);
+    fi_buf_init(&strides);
+    put_dims(&shape, a->t.shape, a->t.ndim);
+    put_dims(&strides, a->t.stride, a->t.ndim);
+    int rc = value_error_with(&strides,
+                              "%s: shape %s with strides %s is not contiguous; accepted: a "
+                              "contiguous tensor",
+                              a->name, shape.data);
+    fi_buf_free(&shape);
+    return rc;
+}

@@ -1,0 +1,44 @@
+/* args.h: the tensor arguments of the flashinfer._kernels entry points and the checks they
+ * share. A wrong type raises TypeError, a wrong value ValueError, as CPython does. */
+#ifndef FI_ARGS_H
+#define FI_ARGS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "flashinfer_kernels.h"
+
+/* One tensor argument: its public name (every message starts with it), the object it came
+ * from (borrowed; NULL when the optional argument is absent) and what fi_arg_read read. */
+typedef struct {
+    const char *name;
+    PyObject *obj;
+    fi_tensor t;
+} fi_arg;
+
+/* Each function returns 0, or -1 with an exception set whose message names the argument,
+ * the value seen and what is accepted. */
+
+/* Fills a->t from a->obj; TypeError when it is not a torch.Tensor. */
+int fi_arg_read(fi_arg *a);
+
+/* All n tensors are on one device, and that device is one this build runs op on: the
+ * CPU, or a CUDA device in a build with the CUDA kernels. */
+int fi_args_check_devices(const char *op, fi_arg *const *args, int n);
+
+/* layout ("[m, k]") is added to the message when not NULL. */
+int fi_arg_check_ndim(const fi_arg *a, int ndim, const char *layout);
+
+/* The dtype is one of the n in accepted. */
+int fi_arg_check_dtype(const fi_arg *a, const fi_dtype *accepted, int n);
+
+/* The whole shape is want[0..ndim). */
+int fi_arg_check_shape(const fi_arg *a, const int64_t *want, int ndim);
+
+/* Dimension dim (which the message calls what, e.g. "heads") has size want. */
+int fi_arg_check_dim(const fi_arg *a, int dim, const char *what, int64_t want);
+
+/* tensor.is_contiguous(), as fi_tensor_is_contiguous decides it. */
+int fi_arg_check_contiguous(const fi_arg *a);
+
+#endif
