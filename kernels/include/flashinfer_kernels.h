@@ -297,9 +297,10 @@ int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5]);
 /* Whether fi_stats_cuda handles dtype. */
 int fi_stats_cuda_supports(fi_dtype dtype);
 
-/* Capture-safe variant: enqueues a kernel that computes the same statistics and prints
- * "[flashinfer stats] id=N numel=... min=... max=... mean=... nan=... inf=..." with
- * device printf each time it runs (each graph replay); no allocation, no host wait. */
+/* Capture-safe variant: enqueues a kernel that prints, with device printf each time it
+ * runs (each graph replay), FlashInfer's line "[flashinfer stats] id=N numel=... min=...
+ * max=... mean=... nan=... inf=..." (mean over the finite values), or "... (empty
+ * tensor)" / "... (all non-finite) nan=... inf=..."; no allocation, no host wait. */
 int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
 
 #ifdef __cplusplus
