@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from . import _C, replay
+from . import _C, graph_hooks, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -181,22 +181,39 @@ def _make_decorator(logger, attach_trace):
 
 
 def _graph_functions(logger):
-    def flush_graph_dumps():
+    """flush_graph_dumps, clear_graph_dumps and the private helpers of graph_hooks."""
+
+    def _flush_graph_dumps(synchronize=True, graph_id=None):
+        if logger.pending_graph_dumps(graph_id) == 0:
+            return 0
+        if synchronize and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return logger.flush_graph_dumps(graph_id)
+
+    def flush_graph_dumps(synchronize=True):
         """Write the calls recorded while a CUDA graph was being captured.
 
         At level 10 no device-to-host copy may enter a graph, so calls recorded during
         capture hold references to their tensors (status ``graph_capture_pending_flush``).
-        Each flush writes their current values to ``graph_flushes/flush_NNNN/`` under
-        each call's directory, refreshes the call's root ``inputs``/``outputs`` files to
-        this latest snapshot and appends a ``completed`` metadata line. It runs
-        automatically after every ``torch.cuda.CUDAGraph.replay()``.
+        A flush writes their current values to ``graph_flushes/flush_NNNN/`` under each
+        call's directory (with its own ``metadata.jsonl``), refreshes the call's root
+        ``inputs``/``outputs`` files to this latest snapshot and appends metadata lines
+        with ``graph_capture_flushed``. ``CUDAGraph.replay()`` flushes the calls of the
+        replayed graph by itself; the pending calls are also flushed at exit and on
+        SIGTERM.
+
+        Parameters
+        ----------
+        synchronize : bool
+            Synchronize CUDA first, so the latest replay has finished (default True).
 
         Returns
         -------
         int
-            The number of calls written.
+            The number of entries written: one per inputs and one per outputs of each
+            pending call.
         """
-        return logger.flush_graph_dumps()
+        return _flush_graph_dumps(synchronize=synchronize)
 
     def clear_graph_dumps():
         """Forget the calls recorded during CUDA graph capture (drops their tensors).
@@ -204,40 +221,36 @@ def _graph_functions(logger):
         Returns
         -------
         int
-            The number of calls dropped.
+            The number of pending entries dropped (inputs and outputs of each call).
         """
         return logger.clear_graph_dumps()
 
-    return flush_graph_dumps, clear_graph_dumps
+    def _flush_logged(reason, graph_id=None):
+        """A flush whose outcome goes to the log (replay hook, atexit, SIGTERM)."""
+        try:
+            n = _flush_graph_dumps(graph_id=graph_id)
+        except Exception as exc:
+            logger.write(f"flush_graph_dumps ({reason}) failed: {exc}\n")
+            return
+        if n > 0:
+            logger.write(f"flush_graph_dumps ({reason}): wrote {n} pending entries\n")
 
-
-def _install_graph_replay_hook(module_name):
-    """Flush captured level-10 calls after every CUDAGraph.replay() (once per process).
-
-    The hook looks the api_logging module up at each replay, so the logger of the
-    latest import is the one flushed.
-    """
-    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
-    if graph_cls is None or getattr(graph_cls.replay, "_flashinfer_hook", False):
-        return
-    original = graph_cls.replay
-
-    def replay_graph(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, "_API_LOG_LEVEL", 0) >= 10:
-            module.flush_graph_dumps()
-        return result
-
-    replay_graph._flashinfer_hook = True
-    graph_cls.replay = replay_graph
+    return {
+        "flush_graph_dumps": flush_graph_dumps,
+        "clear_graph_dumps": clear_graph_dumps,
+        "_flush_graph_dumps": _flush_graph_dumps,
+        "_flush_logged": _flush_logged,
+        "_restore_cuda_graph_hooks": graph_hooks.restore,
+    }
 
 
 def install(namespace, flashinfer_version, attach_trace=None):
     """Make ``namespace`` (a module's globals) a ``flashinfer.api_logging``.
 
     Creates a native logger from the environment, writes the system-information header
-    (level > 0) and prints the flight-recorder warning on stdout (level 10), and defines
+    (level > 0) and prints the flight-recorder warning on stdout (level 10), installs
+    the CUDA-graph hooks of ``graph_hooks`` (level 10; an import below 10 removes them),
+    and defines
     ``flashinfer_api``, ``load_tensors``, ``flush_graph_dumps``, ``clear_graph_dumps``,
     ``replay_from_dump`` and ``replay_sequence`` in it.
 
@@ -269,17 +282,18 @@ def install(namespace, flashinfer_version, attach_trace=None):
             "flashinfer": flashinfer_version,
         }
         _print_banner(_dump_banner_text(logger))
-        _install_graph_replay_hook(namespace["__name__"])
-    flush_graph_dumps, clear_graph_dumps = _graph_functions(logger)
     namespace.update(
         _LOGGER=logger,
         _API_LOG_LEVEL=level,
         _suspend_dumps=replay.suspended_dumps,
         flashinfer_api=_make_decorator(logger, attach_trace),
         load_tensors=load_tensors,
-        flush_graph_dumps=flush_graph_dumps,
-        clear_graph_dumps=clear_graph_dumps,
         replay_from_dump=replay.replay_from_dump,
         replay_sequence=replay.replay_sequence,
         __all__=list(PUBLIC_NAMES),
+        **_graph_functions(logger),
     )
+    if level >= 10:
+        graph_hooks.install(namespace["__name__"])
+    else:
+        graph_hooks.restore()

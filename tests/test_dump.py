@@ -639,44 +639,6 @@ def test_disk_full_logs_one_error_and_later_calls_work(tmp_path):
     assert [r["execution_status"] for r in recs] == ["inputs_saved", "completed"]
 
 
-def test_graph_capture_holds_tensors_until_flush(level10, tmp_path):
-    m = level10()
-    m._LOGGER._force_graph_capture = 1
-    x = torch.zeros(4)
-    out = torch.empty(4)
-
-    @m.flashinfer_api
-    def step(inp, *, out):
-        out.copy_(inp * 2)
-        return out
-
-    step(x, out=out)
-    (d,) = call_dirs(tmp_path / "dumps")
-    assert sorted(p.name for p in d.iterdir()) == ["metadata.jsonl"]
-    (line1,) = records(d / "metadata.jsonl")
-    assert line1["execution_status"] == "graph_capture_pending_flush"
-    assert line1["graph_capture"] is True
-    for value in (1.0, 5.0):  # what a graph replay would do to the captured buffers
-        x.fill_(value)
-        out.copy_(x * 2)
-        assert m.flush_graph_dumps() == 1
-    lines = records(d / "metadata.jsonl")
-    assert [r["execution_status"] for r in lines] == [
-        "graph_capture_pending_flush",
-        "completed",
-        "completed",
-    ]
-    assert [r.get("graph_flush") for r in lines] == [None, 1, 2]
-    for n, value in ((1, 1.0), (2, 5.0)):
-        snap = d / "graph_flushes" / f"flush_{n:04d}"
-        assert torch.equal(torch.load(snap / "inputs.pt")["arg_0"], torch.full((4,), value))
-        assert torch.equal(torch.load(snap / "outputs.pt")["result"], torch.full((4,), 2 * value))
-    assert torch.equal(torch.load(d / "inputs.pt")["arg_0"], torch.full((4,), 5.0))
-    assert torch.equal(torch.load(d / "outputs.pt")["result"], torch.full((4,), 10.0))
-    assert m.clear_graph_dumps() == 1
-    assert m.flush_graph_dumps() == 0
-
-
 def test_unwritable_dump_dir_logs_an_error_and_the_call_still_runs(level10, tmp_path):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")

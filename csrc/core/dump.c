@@ -28,7 +28,7 @@ struct fi_dump_call {
     char *dir;        /* the call's directory */
     long long input_bytes;
     long long output_bytes;
-    PyObject *graph_entry; /* [dir, record, inputs, outputs, flushes] while captured */
+    PyObject *graph_entry; /* while captured: [dir, record, inputs, outputs, flushes, graph] */
     int meta_fd;           /* metadata.jsonl, open from line 1 to line 2 */
 };
 
@@ -688,9 +688,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta, capturing);
     if (!call->record || write_record(call) < 0)
         goto error;
-    if (capturing) {
+    if (capturing) { /* graph: the CUDAGraph being captured (graph_hooks), or None */
+        PyObject *graph = lg->capture_graph ? lg->capture_graph : Py_None;
         call->graph_entry =
-            Py_BuildValue("[sOOOi]", call->dir, call->record, ts.tensors, Py_None, 0);
+            Py_BuildValue("[sOOOiO]", call->dir, call->record, ts.tensors, Py_None, 0, graph);
         if (!call->graph_entry || PyList_Append(lg->graph_pending, call->graph_entry) < 0)
             goto error;
     }
@@ -746,18 +747,18 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
     if (!out_meta || !info || !details || collect_outputs(&ts, out_meta, result) < 0)
         goto done;
     long long out_bytes = 0;
-    if (call->graph_entry) { /* captured: keep the output tensors for the flushes */
-        call->output_bytes = ts.bytes;
+    const char *status = "completed";
+    if (call->graph_entry) { /* captured: the flushes write the output tensors */
         Py_INCREF(ts.tensors);
+        if (PyList_SetItem(call->graph_entry, 3, ts.tensors) < 0 ||
+            PyDict_Update(details, ts.details) < 0)
+            goto done;
         Py_INCREF(ts.keys);
-        r = PyList_SetItem(call->graph_entry, 3, ts.tensors) < 0 ||
-                    PyDict_Update(details, ts.details) < 0 ||
-                    dict_set(info, "output_tensor_keys", ts.keys) < 0
-                ? -1
-                : 0;
-        goto done;
-    }
-    if (PyList_GET_SIZE(ts.keys) > 0) {
+        if (dict_set(info, "output_tensor_keys", ts.keys) < 0)
+            goto done;
+        out_bytes = ts.bytes;
+        status = "graph_capture_pending_flush";
+    } else if (PyList_GET_SIZE(ts.keys) > 0) {
         if (!under_size_cap(lg, ts.bytes)) {
             if (dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
                 goto done;
@@ -792,7 +793,7 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
         dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
         dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
-        dict_set(rec, "execution_status", PyUnicode_FromString("completed")) < 0)
+        dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0)
         goto done;
     r = 0;
 done:
@@ -841,12 +842,6 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     int r;
     if (result) {
         r = finish_completed(call, result);
-        if (r == 0 && call->graph_entry) { /* line 2 comes with the first flush */
-            log_outputs_dumped(call);
-            call_free(call);
-            PyErr_Restore(et, ev, tb);
-            return;
-        }
     } else {
         PyErr_NormalizeException(&et, &ev, &tb);
         r = ev ? finish_exception(call, ev) : 0;
@@ -865,12 +860,45 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     PyErr_Restore(et, ev, tb);
 }
 
-/* One snapshot of a captured call: graph_flushes/flush_NNNN/ plus the refreshed root
- * files, then a "completed" line naming the flush. */
-static int flush_entry(fi_logger *lg, PyObject *entry)
+/* The two records FlashInfer appends per flushed part of a call: base (the call's latest
+ * record) with the flush keys, to the call's metadata.jsonl and session.jsonl, and the
+ * same naming the snapshot, to the snapshot's metadata.jsonl and session.jsonl. */
+static int write_flush_records(fi_logger *lg, PyObject *base, const char *status, long n,
+                               const char *dir, const char *snap)
+{
+    PyObject *rec = PyDict_Copy(base);
+    PyObject *snap_rec = NULL;
+    int r = -1;
+    if (!rec || dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0 ||
+        dict_set(rec, "graph_capture_flushed", Py_NewRef(Py_True)) < 0 ||
+        dict_set(rec, "graph_capture_flush_index", PyLong_FromLong(n)) < 0 ||
+        dict_set(rec, "graph_capture_snapshot_dir", PyUnicode_FromString(snap)) < 0 ||
+        write_record_at(lg, dir, NULL, rec) < 0)
+        goto done;
+    snap_rec = PyDict_Copy(rec);
+    if (!snap_rec || dict_set(snap_rec, "dump_dir", PyUnicode_FromString(snap)) < 0 ||
+        dict_set(snap_rec, "graph_capture_base_dump_dir", PyUnicode_FromString(dir)) < 0)
+        goto done;
+    r = write_record_at(lg, snap, NULL, snap_rec);
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(snap_rec);
+    return r;
+}
+
+/* The held tensors of a captured call that a flush writes: 0, 1 or 2 parts. */
+static int held_part(PyObject *tensors)
+{
+    return tensors != Py_None && PyDict_GET_SIZE(tensors) > 0;
+}
+
+/* One snapshot of a captured call, as FlashInfer writes it: per part (inputs, then
+ * outputs) the root file refreshed and graph_flushes/flush_NNNN/<part> written, then
+ * the part's records. Adds the parts written to *parts. */
+static int flush_entry(fi_logger *lg, PyObject *entry, Py_ssize_t *parts)
 {
     const char *dir = PyUnicode_AsUTF8(PyList_GET_ITEM(entry, 0));
-    PyObject *inputs = PyList_GET_ITEM(entry, 2), *outputs = PyList_GET_ITEM(entry, 3);
+    PyObject *record = PyList_GET_ITEM(entry, 1);
     long n = PyLong_AsLong(PyList_GET_ITEM(entry, 4)) + 1;
     if (!dir || n <= 0)
         return -1;
@@ -884,54 +912,65 @@ static int flush_entry(fi_logger *lg, PyObject *entry)
         return -1;
     }
     snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", dir, n);
-    int r = fi_make_parents(snap, 0700);
+    int r = fi_make_parents(snap, 0700); /* also remakes a call directory wiped meanwhile */
     if (r < 0)
         PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
     snap[strlen(snap) - 1] = '\0';
-    long long bytes = 0;
-    const char *targets[2] = {snap, dir};
+    static const struct {
+        int index;
+        const char *stem, *status;
+    } part[2] = {{2, "inputs", "inputs_saved"}, {3, "outputs", "completed"}};
     for (int i = 0; r == 0 && i < 2; i++) {
-        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", inputs);
-        Py_ssize_t w2 = 0;
-        if (w >= 0 && outputs != Py_None && PyDict_GET_SIZE(outputs) > 0)
-            w2 = save_tensors_at(lg, targets[i], "outputs", outputs);
-        if (w < 0 || w2 < 0)
-            r = -1;
-        else
-            bytes += w + w2;
+        PyObject *tensors = PyList_GET_ITEM(entry, part[i].index);
+        if (!held_part(tensors))
+            continue;
+        Py_ssize_t w = save_tensors_at(lg, dir, part[i].stem, tensors);
+        Py_ssize_t w2 = w < 0 ? -1 : save_tensors_at(lg, snap, part[i].stem, tensors);
+        r = w2 < 0 ? -1 : write_flush_records(lg, record, part[i].status, n, dir, snap);
+        if (r == 0) {
+            lg->dump_bytes += w + w2;
+            (*parts)++;
+        }
     }
     free(snap);
-    if (r < 0)
-        return -1;
-    lg->dump_bytes += bytes;
-    PyObject *record = PyDict_Copy(PyList_GET_ITEM(entry, 1));
-    if (!record)
-        return -1;
-    if (dict_set(record, "execution_status", PyUnicode_FromString("completed")) < 0 ||
-        dict_set(record, "graph_flush", PyLong_FromLong(n)) < 0 ||
-        write_record_at(lg, dir, NULL, record) < 0) {
-        Py_DECREF(record);
-        return -1;
-    }
-    Py_DECREF(record);
-    return 0;
+    return r;
 }
 
-PyObject *fi_dump_flush_graph(fi_logger *lg)
+/* Whether a held call belongs to graph (NULL or None: every call). */
+static int entry_of_graph(PyObject *entry, PyObject *graph)
+{
+    if (!graph || graph == Py_None)
+        return 1;
+    int eq = PyObject_RichCompareBool(PyList_GET_ITEM(entry, 5), graph, Py_EQ);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq == 1;
+}
+
+Py_ssize_t fi_dump_pending_graph(fi_logger *lg, PyObject *graph)
+{
+    Py_ssize_t parts = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lg->graph_pending); i++) {
+        PyObject *entry = PyList_GET_ITEM(lg->graph_pending, i);
+        if (entry_of_graph(entry, graph))
+            parts += held_part(PyList_GET_ITEM(entry, 2)) + held_part(PyList_GET_ITEM(entry, 3));
+    }
+    return parts;
+}
+
+PyObject *fi_dump_flush_graph(fi_logger *lg, PyObject *graph)
 {
     PyObject *pending = PySequence_List(lg->graph_pending);
     if (!pending)
         return NULL;
-    Py_ssize_t done = 0;
+    Py_ssize_t parts = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
         PyObject *entry = PyList_GET_ITEM(pending, i);
-        if (flush_entry(lg, entry) == 0) {
-            done++;
+        if (!entry_of_graph(entry, graph) || flush_entry(lg, entry, &parts) == 0)
             continue;
-        }
         PyObject *name = PyDict_GetItemString(PyList_GET_ITEM(entry, 1), "function_name");
         log_dump_error(lg, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
     }
     Py_DECREF(pending);
-    return PyLong_FromSsize_t(done);
+    return PyLong_FromSsize_t(parts);
 }

@@ -28,9 +28,16 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
  * exception is read for the record and left in place. Frees call. */
 void fi_dump_end(fi_dump_call *call, PyObject *result);
 
-/* Writes every call recorded during CUDA graph capture with the current values of
- * its held tensors: graph_flushes/flush_NNNN/ under its directory, the root tensor
- * files refreshed, and a "completed" metadata line. Returns the count (new ref). */
-PyObject *fi_dump_flush_graph(fi_logger *lg);
+/* Writes the calls recorded during the capture of CUDA graph `graph` (an int id, as
+ * graph_hooks passes it in Logger.capture_graph; NULL or None: every call) with the
+ * current values of their held tensors, as FlashInfer does: per part (inputs, outputs)
+ * the root tensor file refreshed, graph_flushes/flush_NNNN/<part> written, a record with
+ * graph_capture_flushed / _flush_index / _snapshot_dir appended to the call's
+ * metadata.jsonl and one with graph_capture_base_dump_dir to the snapshot's. Returns the
+ * number of parts written (new ref). */
+PyObject *fi_dump_flush_graph(fi_logger *lg, PyObject *graph);
+
+/* The number of parts (inputs, outputs) a flush of `graph` would write now. */
+Py_ssize_t fi_dump_pending_graph(fi_logger *lg, PyObject *graph);
 
 #endif

@@ -49,6 +49,7 @@ static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
     Py_VISIT(lg->call_counters);
     Py_VISIT(lg->static_meta);
     Py_VISIT(lg->graph_pending);
+    Py_VISIT(lg->capture_graph);
     return 0;
 }
 
@@ -57,6 +58,7 @@ static int logger_clear(fi_logger *lg)
     Py_CLEAR(lg->call_counters);
     Py_CLEAR(lg->static_meta);
     Py_CLEAR(lg->graph_pending);
+    Py_CLEAR(lg->capture_graph);
     return 0;
 }
 
@@ -210,6 +212,8 @@ static PyGetSetDef logger_getset[] = {
 static PyMemberDef logger_members[] = {
     {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
      "Tests: record every call as if a CUDA graph were being captured."},
+    {"capture_graph", T_OBJECT, offsetof(fi_logger, capture_graph), 0,
+     "id() of the CUDAGraph being captured, set by the capture hooks; None outside."},
     {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
     {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
     {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,
@@ -218,28 +222,58 @@ static PyMemberDef logger_members[] = {
 };
 
 PyDoc_STRVAR(logger_flush_doc,
-             "flush_graph_dumps()\n--\n\nWrite the tensors of calls recorded during CUDA graph "
-             "capture (their current values) as a new snapshot; returns how many calls.");
+             "flush_graph_dumps(graph=None)\n--\n\nWrite the held tensors (their current "
+             "values) of the calls recorded while CUDA graph `graph` (its id; None: any) was "
+             "captured, as a new snapshot; returns how many parts (inputs, outputs) were written.");
+PyDoc_STRVAR(logger_pending_doc,
+             "pending_graph_dumps(graph=None)\n--\n\nHow many parts (inputs, outputs) a "
+             "flush_graph_dumps(graph) would write now.");
 PyDoc_STRVAR(logger_clear_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
-                               "CUDA graph capture; returns how many were dropped.");
+                               "CUDA graph capture; returns how many parts were held.");
 
-static PyObject *logger_flush(fi_logger *lg, PyObject *unused)
+/* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
+static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
 {
-    (void)unused;
-    return fi_dump_flush_graph(lg);
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s takes at most 1 argument (graph), got %zd", method,
+                     nargs);
+        return -1;
+    }
+    *graph = nargs ? args[0] : NULL;
+    return 0;
+}
+
+static PyObject *logger_flush(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "flush_graph_dumps", &graph) < 0)
+        return NULL;
+    return fi_dump_flush_graph(lg, graph);
+}
+
+static PyObject *logger_pending(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "pending_graph_dumps", &graph) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(fi_dump_pending_graph(lg, graph));
 }
 
 static PyObject *logger_clear_graph(fi_logger *lg, PyObject *unused)
 {
     (void)unused;
+    Py_ssize_t parts = fi_dump_pending_graph(lg, NULL);
     Py_ssize_t n = PyList_GET_SIZE(lg->graph_pending);
     if (PyList_SetSlice(lg->graph_pending, 0, n, NULL) < 0)
         return NULL;
-    return PyLong_FromSsize_t(n);
+    return PyLong_FromSsize_t(parts);
 }
 
 static PyMethodDef logger_methods[] = {
-    {"flush_graph_dumps", (PyCFunction)logger_flush, METH_NOARGS, logger_flush_doc},
+    {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush, METH_FASTCALL,
+     logger_flush_doc},
+    {"pending_graph_dumps", (PyCFunction)(void (*)(void))logger_pending, METH_FASTCALL,
+     logger_pending_doc},
     {"clear_graph_dumps", (PyCFunction)logger_clear_graph, METH_NOARGS, logger_clear_doc},
     {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
     {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},

@@ -22,6 +22,7 @@ typedef struct {
     PyObject *call_counters; /* dict: API name -> int, for the directory names */
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
     PyObject *graph_pending; /* list of calls recorded during CUDA graph capture */
+    PyObject *capture_graph; /* id of the CUDAGraph being captured (graph_hooks), or NULL */
     int force_graph_capture; /* tests: treat every call as captured */
     int dump_root_ready;
     int session_fd; /* DUMP_DIR/session.jsonl, opened on first use */
