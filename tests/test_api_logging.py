@@ -498,8 +498,9 @@ def test_reimport_switches_level_and_old_wrappers_keep_working(logmod, tmp_path)
     assert m0.flashinfer_api(g) is g
 
 
-@pytest.mark.parametrize("level", ["3", "5", "10"])
-def test_calls_the_filters_leave_out_log_nothing_at_level_3_and_above(logmod, tmp_path, level):
+def named_calls_under_filters(logmod, tmp_path, level):
+    """Calls single_decode, single_prefill, batch_decode, mm_fp8 with the filters
+    include "*decode*, single_*" and exclude "*prefill*"; returns the log text."""
     log = tmp_path / "log.txt"
     m = logmod(
         FLASHINFER_LOGLEVEL=level,
@@ -508,43 +509,29 @@ def test_calls_the_filters_leave_out_log_nothing_at_level_3_and_above(logmod, tm
         FLASHINFER_DUMP_INCLUDE="*decode*, single_*",
         FLASHINFER_DUMP_EXCLUDE="*prefill*",
     )
+    for name in ("single_decode", "single_prefill", "batch_decode", "mm_fp8"):
 
-    def named(name):
         def f():
             return None
 
         f.__name__ = f.__qualname__ = name
-        return m.flashinfer_api(f)
+        m.flashinfer_api(f)()
+    return normalize(strip_header(read(log)))
 
-    for name in ("single_decode", "single_prefill", "batch_decode", "mm_fp8"):
-        named(name)()
-    text = normalize(strip_header(read(log)))
-    lines = re.findall(r"^\[TS\] FlashInfer API Call: (\S+)$", text, re.M)
-    assert lines == ["single_decode", "batch_decode"]
+
+CALL_LINE = re.compile(r"^\[TS\] FlashInfer API Call: (\S+)$", re.M)
+
+
+@pytest.mark.parametrize("level", ["3", "5", "10"])
+def test_calls_the_filters_leave_out_log_nothing_at_level_3_and_above(logmod, tmp_path, level):
+    text = named_calls_under_filters(logmod, tmp_path, level)
+    assert CALL_LINE.findall(text) == ["single_decode", "batch_decode"]
     assert "prefill" not in text and "mm_fp8" not in text
 
 
 def test_level_1_names_every_call_whatever_the_filters(logmod, tmp_path):
-    log = tmp_path / "log.txt"
-    m = logmod(
-        FLASHINFER_LOGLEVEL="1",
-        FLASHINFER_LOGDEST=str(log),
-        FLASHINFER_DUMP_INCLUDE="*decode*, single_*",
-        FLASHINFER_DUMP_EXCLUDE="*prefill*",
-    )
-
-    def named(name):
-        def f():
-            return None
-
-        f.__name__ = f.__qualname__ = name
-        return m.flashinfer_api(f)
-
-    for name in ("single_decode", "single_prefill", "batch_decode", "mm_fp8"):
-        named(name)()
-    text = normalize(strip_header(read(log)))
-    lines = re.findall(r"^\[TS\] FlashInfer API Call: (\S+)$", text, re.M)
-    assert lines == ["single_decode", "single_prefill", "batch_decode", "mm_fp8"]
+    text = named_calls_under_filters(logmod, tmp_path, "1")
+    assert CALL_LINE.findall(text) == ["single_decode", "single_prefill", "batch_decode", "mm_fp8"]
 
 
 def test_eight_threads_to_one_file_every_record_whole(logmod, tmp_path):
