@@ -1,12 +1,13 @@
 """The ``flashinfer.api_logging`` surface, served by the native core.
 
-``install(namespace, flashinfer_version=...)`` fills a module namespace (the globals of
-``flashinfer.api_logging``) with a fresh native logger configured from the
-``FLASHINFER_*`` environment variables, the ``flashinfer_api`` decorator and the replay
-entry points. It runs every time that module is executed, so a re-import (after
-removing it from ``sys.modules``) starts a fresh logger, as SPEC 1 asks. The work per
-call is done by ``flashinfer_native._C``: this module only builds decorators and the
-header text.
+``install(namespace, flashinfer_version=..., attach_trace=None)`` fills a module
+namespace (the globals of ``flashinfer.api_logging``) with a fresh native logger
+configured from the ``FLASHINFER_*`` environment variables, the ``flashinfer_api``
+decorator (which hands each function to the served package's trace attacher, when
+given), the replay entry points and the CUDA-graph dump functions (``graph_hooks``). It
+runs every time that module is executed, so a re-import (after removing it from
+``sys.modules``) starts a fresh logger, as SPEC 1 asks. The work per call is done by
+``flashinfer_native._C``: this module only builds decorators and the header text.
 
 Levels: 0 off (the decorator returns the function itself), 1 API names, 3 inputs and
 outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recorder
