@@ -4,6 +4,7 @@ reference/init/check sources run on their own."""
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -398,16 +399,21 @@ print("ok")
 """
 
 
+def clean_env(**env):
+    """This process's environment without FLASHINFER_* variables, plus env."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    return {**base, **env}
+
+
 @pytest.mark.parametrize("level", ["0", "1", "10"])
 def test_trace_dump_of_a_real_session(tmp_path, level):
-    env = {
-        "FLASHINFER_LOGLEVEL": level,
-        "FLASHINFER_LOGDEST": str(tmp_path / "log.txt"),
-        "FLASHINFER_DUMP_DIR": str(tmp_path / "dumps"),
-        "FLASHINFER_TRACE_DUMP": "1",
-        "FLASHINFER_TRACE_DUMP_DIR": str(tmp_path / "defs"),
-        "PATH": "/usr/bin:/bin",
-    }
+    env = clean_env(
+        FLASHINFER_LOGLEVEL=level,
+        FLASHINFER_LOGDEST=str(tmp_path / "log.txt"),
+        FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
+        FLASHINFER_TRACE_DUMP="1",
+        FLASHINFER_TRACE_DUMP_DIR=str(tmp_path / "defs"),
+    )
     r = subprocess.run(
         [sys.executable, "-c", AUTO_DUMP_SCRIPT], env=env, capture_output=True, text=True
     )
@@ -432,7 +438,7 @@ def test_trace_dump_of_a_real_session(tmp_path, level):
 
 
 def test_trace_dump_without_a_directory_writes_nothing(tmp_path):
-    env = {"FLASHINFER_TRACE_DUMP": "1", "PATH": "/usr/bin:/bin"}
+    env = clean_env(FLASHINFER_TRACE_DUMP="1")
     script = (
         "import torch, flashinfer\n"
         "flashinfer.nvfp4_quantize(torch.randn(4, 64), torch.tensor([1.0]))\n"
