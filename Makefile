@@ -13,7 +13,18 @@ BUILD_FLAGS ?=
 C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
 	kernels/cuda/*.cu kernels/cuda/*.cuh)
 
-.PHONY: all venv build demo test bench lint format asan-test clean
+# The real FlashInfer (flashinfer-python, ~2 GB with its dependencies) in a virtualenv of
+# its own, kept between local runs (ignored by git); the core installed into it from
+# native/ the way its users install it. torch goes in first and pinned, so that nothing
+# pulls a CUDA torch.
+FI_VENV ?= .venv-flashinfer
+FI_PY := $(FI_VENV)/bin/python
+FI_PIP := $(FI_PY) -m pip --disable-pip-version-check -q
+FI_VERSION := 0.7.2.post1
+NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
+	csrc/core/*.[ch] csrc/tensorfile/*.[ch])
+
+.PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test clean
 
 all: build
 
@@ -36,19 +47,38 @@ demo: build
 test: build
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 
+$(FI_VENV)/.deps:
+	$(PYTHON) -m venv $(FI_VENV)
+	$(FI_PIP) install --upgrade "setuptools>=64" wheel
+	$(FI_PIP) install torch==2.13.0
+	$(FI_PIP) install torch==2.13.0 flashinfer-python==$(FI_VERSION) pytest safetensors
+	touch $@
+
+$(FI_VENV)/.native: $(FI_VENV)/.deps $(NATIVE_SOURCES)
+	FLASHINFER_NO_CUDA=1 $(FI_PIP) install --force-reinstall --no-deps ./native
+	touch $@
+
+# Tests of the core serving the real FlashInfer; the mirror's venv replays its dumps.
+test-flashinfer: build $(FI_VENV)/.native
+	cd tests/flashinfer_real && MIRROR_PYTHON=$(abspath $(VPY)) \
+		$(abspath $(FI_VENV))/bin/pytest -q -p no:cacheprovider . $(PYTEST_ARGS)
+
 bench: build
 	$(VPY) benchmarks/bench_logging_overhead.py
+
+bench-flashinfer: $(FI_VENV)/.native
+	cd /tmp && $(abspath $(FI_PY)) $(abspath benchmarks/bench_native_vs_flashinfer.py)
 
 # C built with -Werror into build/lint-lib (the in-place extension is left alone).
 lint: venv
 	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
 	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
-	$(VENV)/bin/ruff check flashinfer flashinfer_native tests benchmarks examples setup.py
-	$(VENV)/bin/ruff format --check flashinfer flashinfer_native tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format --check flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
 
 format: venv
 	$(VENV)/bin/clang-format -i $(C_SOURCES)
-	$(VENV)/bin/ruff format flashinfer flashinfer_native tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
 
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.
 # Python itself is not instrumented, so the runtime is preloaded and leak checks are off.
@@ -61,4 +91,4 @@ asan-test: venv
 		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
 
 clean:
-	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info
+	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info native/build

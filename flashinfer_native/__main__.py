@@ -1,6 +1,20 @@
-"""``python -m flashinfer_native``: the core's command line (replay, dumps, info)."""
+"""``python -m flashinfer_native`` (and ``flashinfer-native``): the core's command line.
 
-from .cli import cli
+``run`` (a script with native logging switched on), ``replay``, ``dumps``, ``info``. The
+core serves an installed FlashInfer first, so that a replay resolves FlashInfer's APIs
+through the core's own decorator.
+"""
+
+from .hook import enable
+
+
+def main():
+    """Entry point: serve FlashInfer with the core, then run the click group."""
+    enable()
+    from .cli import cli
+
+    cli(prog_name="flashinfer_native")
+
 
 if __name__ == "__main__":
-    cli(prog_name="flashinfer_native")
+    main()

@@ -16,11 +16,12 @@ outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recor
 
 import functools
 import inspect
+import os
 import sys
 
 import torch
 
-from . import _C, graph_hooks, replay
+from . import _C, distributed, graph_hooks, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -127,7 +128,7 @@ def _parameters_of(func):
     return params, str(sig)
 
 
-def _make_decorator(logger, attach_trace):
+def _make_decorator(logger, attach_trace=None):
     level = logger.level
 
     def wrap(func):
@@ -147,17 +148,18 @@ def _make_decorator(logger, attach_trace):
         func : callable
             The function or method to decorate.
         trace : optional
-            A trace template, handed to the package's trace attacher (when ``install``
-            was given one) together with ``func``; ignored otherwise.
+            An fi_trace template (or a callable choosing one), handed with the decorated
+            object to the ``attach_trace`` given to ``install``; ignored without one.
 
         Returns
         -------
         callable
-            At level 0, ``func`` itself (or what the trace attacher made of it: ``func``
-            with ``fi_trace``, or a trace-dumping wrapper while ``FLASHINFER_TRACE_DUMP``
-            is on). Above 0, a native wrapper of that which logs each call and otherwise
-            behaves like ``func`` (same result, same exceptions, same name, docstring,
-            ``__wrapped__`` and signature; binds as a method).
+            At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
+            otherwise behaves like ``func`` (same result, same exceptions, same name,
+            docstring, ``__wrapped__`` and signature; binds as a method). What
+            ``attach_trace`` returns for it, when ``install`` was given one (the mirror's:
+            the same object with ``fi_trace``, or a trace-dumping wrapper of it while
+            ``FLASHINFER_TRACE_DUMP`` is on).
 
         Raises
         ------
@@ -171,12 +173,12 @@ def _make_decorator(logger, attach_trace):
             return func if inner is func.__func__ else type(func)(inner)
         if not callable(func):
             raise TypeError(f"flashinfer_api expects a callable, got {type(func).__name__}")
+        decorated = func if level == 0 else wrap(func)
         # the trace attacher runs at decoration time only: level 0 still costs nothing
         # per call unless it returned a wrapper
-        traced = func if attach_trace is None else attach_trace(func, func, trace)
-        if level == 0:
-            return traced
-        return wrap(traced)
+        if attach_trace is not None:
+            decorated = attach_trace(decorated, func, trace)
+        return decorated
 
     return flashinfer_api
 
@@ -262,12 +264,11 @@ def install(namespace, flashinfer_version, attach_trace=None):
     flashinfer_version : str
         The version of the flashinfer package served (header and dump metadata).
     attach_trace : callable, optional
-        ``attach_trace(wrapped, original, trace_template) -> callable``, called once per
-        decorated function (``wrapped`` and ``original`` are the function,
-        ``trace_template`` the decorator's ``trace=`` or None) before the logging
-        wrapper is built; what it returns is what gets wrapped (at level 0, returned).
-        The served package's trace machinery: FlashInfer's ``_attach_fi_trace`` has
-        this signature; the mirror passes ``flashinfer.trace.attach.attach_trace``.
+        ``attach_trace(decorated, func, trace) -> callable``: called for every decorated
+        API with what ``flashinfer_api`` made of ``func`` (``func`` itself at level 0, else
+        its native wrapper) and the decorator's ``trace=`` argument (None when not
+        given); what it returns is what the decorator returns. It attaches ``fi_trace`` /
+        ``fi_init``. Without it ``trace=`` is accepted and ignored.
     """
     logger = _C.Logger()
     level = logger.level
@@ -282,10 +283,12 @@ def install(namespace, flashinfer_version, attach_trace=None):
             "python": sys.version,
             "flashinfer": flashinfer_version,
         }
+        logger.static_meta["record_extras"] = distributed.record_extras
         _print_banner(_dump_banner_text(logger))
     namespace.update(
         _LOGGER=logger,
         _API_LOG_LEVEL=level,
+        _NATIVE_CORE=True,
         _suspend_dumps=replay.suspended_dumps,
         flashinfer_api=_make_decorator(logger, attach_trace),
         load_tensors=load_tensors,
@@ -298,3 +301,60 @@ def install(namespace, flashinfer_version, attach_trace=None):
         graph_hooks.install(namespace["__name__"])
     else:
         graph_hooks.restore()
+
+
+# ------------------------------------------------------------ an installed FlashInfer
+
+
+def _trace_dump_enabled():
+    """FlashInfer's FLASHINFER_TRACE_DUMP switch, as its trace package reads it."""
+    try:
+        from flashinfer.trace.template import _is_trace_dump_enabled
+    except Exception:  # noqa: BLE001 - an older FlashInfer: read the variable itself
+        return os.environ.get("FLASHINFER_TRACE_DUMP", "0") not in ("0", "")
+    return _is_trace_dump_enabled()
+
+
+def flashinfer_trace_attacher(attach_fi_trace):
+    """An ``attach_trace`` for ``install`` over FlashInfer's own ``_attach_fi_trace``.
+
+    FlashInfer's function sets ``fi_trace`` / ``fi_init`` on the object it is given and,
+    for a template, returns a Python function around it that writes a trace file per
+    call when ``FLASHINFER_TRACE_DUMP`` is set. That function is kept where FlashInfer
+    itself would run it: at level 0 (the API is not wrapped by the core) and when
+    ``FLASHINFER_TRACE_DUMP`` is set at decoration time. Otherwise the native wrapper,
+    carrying ``fi_trace`` / ``fi_init``, is what the decorator returns.
+    """
+
+    def attach_trace(decorated, func, trace):
+        result = attach_fi_trace(decorated, func, trace)
+        if decorated is func or result is decorated:
+            return result
+        return result if _trace_dump_enabled() else decorated
+
+    return attach_trace
+
+
+def serve_flashinfer(namespace, flashinfer_version):
+    """Put the native logging surface over an executed FlashInfer ``api_logging``.
+
+    Everything FlashInfer's module defined and the core does not replace stays
+    (``flashinfer_experimental_api`` finds the native ``flashinfer_api`` through the
+    module's globals); its ``__all__``, if it had none, stays absent.
+
+    Parameters
+    ----------
+    namespace : dict
+        The globals of FlashInfer's executed ``flashinfer.api_logging``.
+    flashinfer_version : str
+        FlashInfer's version (header and dump metadata).
+    """
+    had_all = "__all__" in namespace
+    attach_fi_trace = namespace.get("_attach_fi_trace")
+    install(
+        namespace,
+        flashinfer_version,
+        attach_trace=flashinfer_trace_attacher(attach_fi_trace) if attach_fi_trace else None,
+    )
+    if not had_all:
+        del namespace["__all__"]

@@ -1,4 +1,4 @@
-"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3).
+"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3), ``run``.
 
 ``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
 (``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
@@ -7,6 +7,7 @@
 import importlib.util
 import json
 import os
+import runpy
 import sys
 import traceback
 from collections import Counter
@@ -14,7 +15,7 @@ from collections import Counter
 import click
 import torch
 
-from . import __version__, dumpdir
+from . import __version__, dumpdir, hook
 from . import replay as _replay
 
 _MARKS = {
@@ -120,25 +121,50 @@ def _report_entry(index, result, status):
     help="Write a machine-readable report to this file.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
-def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
+@click.option(
+    "--per-rank",
+    is_flag=True,
+    help="Under torchrun: each rank replays the calls recorded by the process of its rank "
+    "(on cuda:LOCAL_RANK, or the CPU); rank 0 prints one merged summary.",
+)
+def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose, per_rank):
     """Replay recorded API calls and compare them with their recorded outputs.
 
     Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
-    incomplete (or none was found), 2 for bad arguments or a missing directory.
+    incomplete (or none was found), 2 for bad arguments or a missing directory. With
+    --per-rank every rank exits 1 when any rank had a failure.
     """
-    tty = _stdout_is_terminal()
-    device = _replay._resolve_device(device)
     single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
     if single:
-        click.echo(f"Replaying single dump from {dump_dir}...")
         try:
             records = dumpdir.read_metadata(dump_dir)
         except (OSError, ValueError):
             records = None
         entries = [(dump_dir, records)]
     else:
-        click.echo(f"Replaying session from {dump_dir}...")
         entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
+    if per_rank:
+        _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose)
+        return
+    device = _replay._resolve_device(device)
+    header = "single dump" if single else "session"
+    click.echo(f"Replaying {header} from {dump_dir}...")
+    counts, report = _replay_entries(entries, device, rtol, atol, verbose, click.echo)
+    if not entries:
+        click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
+    click.echo(_summary_line(counts))
+    if json_path:
+        _write_json(
+            json_path,
+            _json_report(dump_dir, single, str(device), rtol, atol, len(entries), counts, report),
+        )
+    sys.exit(0 if entries and counts["passed"] == len(entries) else 1)
+
+
+def _replay_entries(entries, device, rtol, atol, verbose, echo):
+    """Replay ``entries`` in order with one object registry; ``echo`` takes each output
+    line. Returns (Counter of outcomes, list of report entries)."""
+    tty = echo is click.echo and _stdout_is_terminal()
     registry = {}
     counts = Counter()
     report = []
@@ -150,42 +176,82 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose):
             click.echo("\r\x1b[K", nl=False)
         status = _replay.classify(result)
         counts[status] += 1
-        click.echo(_call_line(index, result, status, tty))
+        echo(_call_line(index, result, status, tty))
         mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
         for line in mismatches if verbose else mismatches[:3]:
-            click.echo(f"    {line}")
+            echo(f"    {line}")
         if verbose and status == "error" and result.get("traceback"):
-            click.echo(result["traceback"].rstrip())
+            echo(result["traceback"].rstrip())
         report.append(_report_entry(index, result, status))
-    passed = counts["passed"]
+    return counts, report
+
+
+def _summary_line(counts):
     failed = counts["mismatch"] + counts["error"]
-    summary = f"Summary: {passed} passed, {failed} failed/mismatch"
+    summary = f"Summary: {counts['passed']} passed, {failed} failed/mismatch"
     if counts["incomplete"]:
         summary += f", {counts['incomplete']} incomplete"
-    if not entries:
-        click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
-    click.echo(summary)
-    if json_path:
-        _write_json(
-            json_path,
-            {
-                "dir": os.path.abspath(dump_dir),
-                "mode": "single" if single else "session",
-                "device": str(device),
-                "rtol": rtol,
-                "atol": atol,
-                "summary": {
-                    "total": len(entries),
-                    "passed": passed,
-                    "failed": failed,
-                    "mismatch": counts["mismatch"],
-                    "error": counts["error"],
-                    "incomplete": counts["incomplete"],
-                },
-                "results": report,
-            },
-        )
-    ok = entries and passed == len(entries)
+    return summary
+
+
+def _json_report(dump_dir, single, device, rtol, atol, total, counts, report):
+    return {
+        "dir": os.path.abspath(dump_dir),
+        "mode": "single" if single else "session",
+        "device": device,
+        "rtol": rtol,
+        "atol": atol,
+        "summary": {
+            "total": total,
+            "passed": counts["passed"],
+            "failed": counts["mismatch"] + counts["error"],
+            "mismatch": counts["mismatch"],
+            "error": counts["error"],
+            "incomplete": counts["incomplete"],
+        },
+        "results": report,
+    }
+
+
+def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose):
+    """``replay --per-rank``: this rank's calls, then one merged summary from rank 0."""
+    from .distributed import RankSession
+
+    try:
+        session = RankSession(device)
+    except RuntimeError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        mine, problems = session.mine(entries)
+        lines = []
+        counts, report = _replay_entries(mine, session.device, rtol, atol, verbose, lines.append)
+        outcomes = session.gather((str(session.device), len(mine), lines, counts, report))
+    finally:
+        session.close()
+    total = Counter()
+    for counts_of_rank in (o[3] for o in outcomes):
+        total.update(counts_of_rank)
+    replayed = sum(o[1] for o in outcomes)
+    ok = replayed > 0 and not problems and total["passed"] == replayed
+    if session.rank == 0:
+        header = "single dump" if single else "session"
+        click.echo(f"Replaying {header} from {dump_dir} on {session.world_size} ranks...")
+        for rank, (rank_device, count, rank_lines, _, _) in enumerate(outcomes):
+            click.echo(f"Rank {rank} ({rank_device}): {count} calls")
+            for line in rank_lines:
+                click.echo(f"  {line}")
+        for problem in problems:
+            click.echo(f"Not replayed: {problem}")
+        click.echo(f"{_summary_line(total)} ({session.world_size} ranks)")
+        if json_path:
+            data = _json_report(dump_dir, single, "per-rank", rtol, atol, replayed, total, [])
+            data["ranks"] = [
+                {"rank": rank, "device": o[0], "calls": o[1], "results": o[4]}
+                for rank, o in enumerate(outcomes)
+            ]
+            data["not_replayed"] = problems
+            del data["results"]
+            _write_json(json_path, data)
     sys.exit(0 if ok else 1)
 
 
@@ -277,6 +343,36 @@ def info():
     click.echo(f"GPUs visible: {count}")
     for i in range(count):
         click.echo(f"  cuda:{i}: {torch.cuda.get_device_name(i)}")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option(
+    "-m",
+    "as_module",
+    is_flag=True,
+    help="TARGET is a module to run as __main__ (like python -m), not a script path.",
+)
+@click.argument("target")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(as_module, target, args):
+    """Run a Python script (or -m module) with FlashInfer served by the native core.
+
+    The same as FLASHINFER_NATIVE_LOGGING=1: every @flashinfer_api of the installed
+    FlashInfer logs, records and replays through the core, at FLASHINFER_LOGLEVEL. The
+    variable is set for the processes the script starts, too. ARGS go to the script.
+    Exit status: the script's own; 1 when the core's extension is not installed.
+    """
+    os.environ["FLASHINFER_NATIVE_LOGGING"] = "1"
+    if not hook.activate():
+        sys.exit(1)
+    sys.argv = [target, *args]
+    if as_module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        return
+    if not os.path.isfile(target):
+        raise click.BadParameter(f"{target!r} is not a file", param_hint="TARGET")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    runpy.run_path(target, run_name="__main__")
 
 
 if __name__ == "__main__":

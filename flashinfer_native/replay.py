@@ -61,23 +61,6 @@ def _load_tensors(dump_dir, stem, record, key_list_name, device):
 # ------------------------------------------------------------------------ decoding
 
 
-def _import_qualified(path):
-    """Import ``module.Qualname`` (the module part may hold dots too)."""
-    parts = path.split(".")
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        try:
-            for name in parts[split:]:
-                obj = getattr(obj, name)
-        except AttributeError:
-            continue
-        return obj
-    raise ImportError(f"cannot import {path!r}")
-
-
 def _decode(value, key, tensors, device, where):
     """Turn one SPEC 4.3 JSON-encoded value back into a Python object.
 
@@ -121,8 +104,9 @@ def _decode(value, key, tensors, device, where):
 
 def _decode_enum(value, key, where):
     try:
-        cls = _import_qualified(value["class"])
-    except (ImportError, KeyError) as exc:
+        module_name, _, qualname = value["class"].rpartition(".")
+        _, cls = _resolve_recorded(module_name, qualname, where)
+    except (ImportError, AttributeError, KeyError) as exc:
         raise ValueError(f"{where}: {key}: cannot import enum class ({exc})") from None
     member = str(value.get("name", "")).rsplit(".", 1)[-1]
     try:
@@ -277,6 +261,64 @@ def suspended_dumps():
         _C.resume_dumps()
 
 
+def _lookup(module, dotted):
+    """module.a.b.c, or None when a part is missing."""
+    obj = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _resolve_recorded(module_name, name, where):
+    """The recorded ``module`` + ``name`` (``func``, ``Cls.method`` or ``Cls``): (owner, target).
+
+    FlashInfer's APIs are also its top-level names (``flashinfer.mm_fp4``, defined in
+    ``flashinfer.gemm.gemm_base``). A call recorded under one flashinfer package whose
+    module path the installed one does not have (a dump of FlashInfer replayed with the
+    flashinfer-c mirror, which implements fewer APIs in fewer modules) is looked up
+    there too, so that it runs under its real API name.
+
+    Raises
+    ------
+    ImportError
+        The module cannot be imported (and no top-level name stands in for it).
+    LookupError
+        The API is implemented by neither (for a flashinfer module: this flashinfer
+        has no implementation of it on this machine).
+    """
+    module = error = None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - reported below when nothing stands in
+        error = exc
+    owner_path, _, attr = name.rpartition(".")
+    found = module is not None and _lookup(module, name) is not None
+    if not found and (module_name == "flashinfer" or module_name.startswith("flashinfer.")):
+        try:
+            top = importlib.import_module("flashinfer")
+        except Exception:  # noqa: BLE001 - the recorded module's error says more
+            top = None
+        if top is not None and _lookup(top, name) is not None:
+            module, found = top, True
+        elif error is None or isinstance(error, ModuleNotFoundError):
+            version = getattr(top, "__version__", "unknown")
+            raise LookupError(
+                f"{where}: {module_name}.{name} is not implemented by the installed "
+                f"flashinfer ({version}, {getattr(top, '__file__', '?')}): "
+                "no implementation of this API on this machine"
+            ) from None
+    if module is None:
+        raise ImportError(
+            f"{where}: cannot import module {module_name!r} ({type(error).__name__}: {error})"
+        ) from None
+    if not found:
+        raise AttributeError(f"{where}: module {module_name!r} has no {name!r}")
+    owner = _lookup(module, owner_path) if owner_path else module
+    return owner, getattr(owner, attr)
+
+
 def _prepare_call(record, args, kwargs, registry, where):
     """Resolve the recorded function by import; return a no-argument callable running it.
 
@@ -288,21 +330,8 @@ def _prepare_call(record, args, kwargs, registry, where):
     name = record.get("function_name")
     if not module_name or not name:
         raise ValueError(f"{where}: record has no 'module'/'function_name' to replay")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise ImportError(
-            f"{where}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})"
-        ) from None
     owner_path, _, attr = name.rpartition(".")
-    owner = module
-    for part in owner_path.split(".") if owner_path else []:
-        owner = getattr(owner, part, None)
-        if owner is None:
-            raise AttributeError(f"{where}: module {module_name!r} has no {name!r}")
-    target = getattr(owner, attr, None)
-    if target is None:
-        raise AttributeError(f"{where}: module {module_name!r} has no {name!r}")
+    owner, target = _resolve_recorded(module_name, name, where)
     if not owner_path or not isinstance(owner, type):
         return lambda: target(*args, **kwargs)
     key = (record.get("process_id"), record.get("self_id"))

@@ -29,11 +29,12 @@ def test_cpu_attention_still_refuses_meta_tensors():
 def test_build_without_cuda_imports_and_runs_attention(tmp_path):
     """Copies the sources, builds with FLASHINFER_NO_CUDA=1 and runs CPU attention."""
     src = tmp_path / "src"
-    for part in ("csrc", "kernels", "flashinfer", "flashinfer_native"):
+    for part in ("csrc", "kernels", "flashinfer", "flashinfer_native", "native"):
         shutil.copytree(
             os.path.join(ROOT, part),
             src / part,
-            ignore=shutil.ignore_patterns("*.so", "__pycache__"),
+            symlinks=True,  # native/'s links to the sources stay links
+            ignore=shutil.ignore_patterns("*.so", "__pycache__", "build", "*.egg-info"),
         )
     for name in ("setup.py", "pyproject.toml"):
         if os.path.exists(os.path.join(ROOT, name)):

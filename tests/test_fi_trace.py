@@ -433,8 +433,12 @@ def test_trace_dump_of_a_real_session(tmp_path, level):
     assert_definition(defs["fp4_quantize_k4096.json"], fp4_quantize(4096))
     plan = defs["gqa_paged_decode_plan_h32_kv8_d128_ps16.json"]
     assert {k: plan[k] for k in PAGED_DECODE_PLAN} == PAGED_DECODE_PLAN
-    if level == "10":
-        assert (tmp_path / "dumps" / "session.jsonl").exists()
+    if level == "10":  # the methods wrapped for the trace dump keep their name and object
+        session = (tmp_path / "dumps" / "session.jsonl").read_text().splitlines()
+        records = {json.loads(x)["function_name"]: json.loads(x) for x in session}
+        plan = records["BatchDecodeWithPagedKVCacheWrapper.plan"]
+        run = records["BatchDecodeWithPagedKVCacheWrapper.run"]
+        assert plan["self_id"] == run["self_id"]
 
 
 def test_trace_dump_without_a_directory_writes_nothing(tmp_path):

@@ -545,6 +545,22 @@ static int graph_capturing(const tensor_sink *ts)
     return yes;
 }
 
+/* Keys that static_meta["record_extras"] (a Python callable returning a dict or None)
+ * adds to a call's records, e.g. the torch.distributed rank. Asked at every dumped call,
+ * so a process group created after the first call still shows; a failure only loses
+ * the extra keys. */
+static void add_record_extras(fi_logger *lg, PyObject *rec)
+{
+    PyObject *fn = PyDict_GetItemString(lg->static_meta, "record_extras");
+    if (!fn || fn == Py_None)
+        return;
+    PyObject *extra = PyObject_CallObject(fn, NULL);
+    if (extra && PyDict_Check(extra))
+        PyDict_Update(rec, extra);
+    Py_XDECREF(extra);
+    PyErr_Clear();
+}
+
 static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *name,
                               const char *stamp, long long call_seq, const char *dir,
                               tensor_sink *ts, PyObject *input_meta, int capturing)
@@ -572,6 +588,8 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
         if (dict_set(rec, "self_id", id) < 0)
             Py_CLEAR(rec);
     }
+    if (rec)
+        add_record_extras(lg, rec);
     return rec;
 }
 

@@ -72,11 +72,24 @@ static PyObject *method_name_for(fi_wrapper *w, PyObject *cls)
     return full;
 }
 
+/* Whether the class attribute attr is this wrapper, or a function wrapping it (the
+ * trace-dumping wrapper an attach_trace may put around it: __wrapped__ is w). */
+static int attribute_is_wrapper(PyObject *attr, fi_wrapper *w)
+{
+    if (attr == (PyObject *)w)
+        return 1;
+    PyObject *inner = attr ? PyObject_GetAttrString(attr, "__wrapped__") : NULL;
+    if (!inner)
+        PyErr_Clear();
+    Py_XDECREF(inner);
+    return inner == (PyObject *)w;
+}
+
 /* The API name of SPEC 2: __name__ for functions; for methods the class of self at
  * call time. An unbound call (Cls.method(obj, ...) or a staticmethod) uses the type
- * of the first argument when that type resolves the attribute to this very wrapper,
- * else the class named in __qualname__ (then *self is set to that argument).
- * Borrowed reference; NULL with exception. */
+ * of the first argument when that type resolves the attribute to this very wrapper
+ * (or to a function wrapping it), else the class named in __qualname__ (then *self is
+ * set to that argument). Borrowed reference; NULL with exception. */
 static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!w->owner_name)
@@ -90,7 +103,7 @@ static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args,
             PyObject *attr = PyObject_GetAttr(cls, w->name);
             if (!attr)
                 PyErr_Clear();
-            same = attr == (PyObject *)w;
+            same = attribute_is_wrapper(attr, w);
             Py_XDECREF(attr);
         }
         if (same) {

@@ -2,15 +2,16 @@
 ``FLASHINFER_TRACE_DUMP`` auto-dump.
 
 ``flashinfer.api_logging`` passes :func:`attach_trace` to the native core's
-``install``; the core's ``flashinfer_api`` calls it once per decorated object, before
-wrapping it for logging. Templates come from ``@flashinfer_api(trace=...)`` or, for
-this package's own APIs, from :data:`API_TEMPLATES` by qualified name (so the API
-modules carry no trace imports).
+``install``; the core's ``flashinfer_api`` calls it once per decorated object with what
+it made of the function (the function itself at level 0, its native logging wrapper
+above), as FlashInfer's decorator calls its ``_attach_fi_trace``. Templates come from
+``@flashinfer_api(trace=...)`` or, for this package's own APIs, from
+:data:`API_TEMPLATES` by qualified name (so the API modules carry no trace imports).
 
 Level 0 stays free: unless ``FLASHINFER_TRACE_DUMP`` is on when the API is decorated,
 the function is returned as it is, with ``fi_trace``/``fi_init`` set on it. When it is
 on, a wrapper writes the call's definition (``<name>.json`` in
-``FLASHINFER_TRACE_DUMP_DIR``, once per name and process) before the kernel runs.
+``FLASHINFER_TRACE_DUMP_DIR``, once per name and process) before the call goes on.
 """
 
 import functools
@@ -166,7 +167,8 @@ def attach_trace(wrapped, original, trace_template=None):
     Parameters
     ----------
     wrapped : callable
-        What the decorator would return so far (the function itself, called first).
+        What the decorator made of ``original``: the function itself at level 0, its
+        native logging wrapper above.
     original : callable
         The decorated function (its name and signature describe the API).
     trace_template : TraceTemplate or callable, optional
