@@ -289,7 +289,9 @@ def test_exception_propagates_unchanged_and_nothing_is_logged_after(logmod, tmp_
     assert "Output value" not in text
 
 
-def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
+def test_names_follow_flashinfers_rule_for_stateful_classes(logmod, tmp_path):
+    """FlashInfer prefixes the class of the first positional argument when its name
+    contains "Wrapper" or is "MoELayer"; every other call logs the bare __name__."""
     log = tmp_path / "log.txt"
     m = logmod(FLASHINFER_LOGLEVEL="1", FLASHINFER_LOGDEST=str(log))
     api = m.flashinfer_api
@@ -308,11 +310,6 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
         def helper(y):
             return y
 
-        @api
-        @staticmethod
-        def helper2(y):
-            return y
-
         @classmethod
         @api
         def make(cls, x):
@@ -320,6 +317,16 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
 
     class Sub(MyWrapper):
         pass
+
+    class MoELayer:
+        @api
+        def __call__(self):
+            return 0
+
+    class Other:
+        @api
+        def go(self):
+            return 0
 
     @api
     def plain(x):
@@ -336,23 +343,27 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
     assert w.run(2) == 3
     assert MyWrapper.run(w, 3) == 4
     assert MyWrapper.helper(5) == 5
-    assert w.helper2(6) == 6
     assert isinstance(MyWrapper.make(1), MyWrapper)
     Sub(2).run(1)
+    MoELayer()()
+    Other().go()
     plain(0)
+    plain(w)
     outer()()
     names = re.findall(r"FlashInfer API Call: (\S+)", read(log))
     assert names == [
         "MyWrapper.__init__",
         "MyWrapper.run",
         "MyWrapper.run",
-        "MyWrapper.helper",
-        "MyWrapper.helper2",
-        "MyWrapper.make",
+        "helper",
+        "make",
         "MyWrapper.__init__",
-        "Sub.__init__",
-        "Sub.run",
+        "__init__",
+        "run",
+        "MoELayer.__call__",
+        "go",
         "plain",
+        "MyWrapper.plain",
         "inner",
     ]
 

@@ -245,6 +245,23 @@ def test_method_records_self_id_and_self_as_arg_0(level10, tmp_path):
     assert rec["tensor_info"]["input_tensor_keys"] == ["arg_1"]
 
 
+def test_method_of_a_class_without_wrapper_in_its_name_records_no_self_id(level10, tmp_path):
+    m = level10()
+
+    class Demo:
+        @m.flashinfer_api
+        def run(self, q):
+            return q
+
+    Demo().run(torch.ones(2))
+    (d,) = call_dirs(tmp_path / "dumps")
+    rec = records(d / "metadata.jsonl")[0]
+    assert NAME_RE.match(d.name).group(2) == "run"
+    assert rec["function_name"] == "run"
+    assert "self_id" not in rec
+    assert rec["input_metadata"]["arg_0"]["type"] == "Demo"
+
+
 def test_session_jsonl_has_every_record_and_sequence_increases(level10, tmp_path):
     m = level10()
     f = m.flashinfer_api(lambda x: x)
