@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 BUILD_FLAGS ?=
 C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
 	kernels/cuda/*.cu kernels/cuda/*.cuh)
+PY_SOURCES := flashinfer flashinfer_native native/*.py tests benchmarks examples tools setup.py
 
 # The real FlashInfer (flashinfer-python, ~2 GB with its dependencies) in a virtualenv of
 # its own, kept between local runs (ignored by git); the core installed into it from
@@ -22,7 +23,7 @@ FI_PY := $(FI_VENV)/bin/python
 FI_PIP := $(FI_PY) -m pip --disable-pip-version-check -q
 FI_VERSION := 0.7.2.post1
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
-	csrc/core/*.[ch] csrc/tensorfile/*.[ch])
+	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test clean
 
@@ -69,16 +70,18 @@ bench: build
 bench-flashinfer: $(FI_VENV)/.native
 	cd /tmp && $(abspath $(FI_PY)) $(abspath benchmarks/bench_native_vs_flashinfer.py)
 
-# C built with -Werror into build/lint-lib (the in-place extension is left alone).
+# No dependency cycles between C files; C built with -Werror into build/lint-lib (the
+# in-place extension is left alone); clang-format and ruff checks.
 lint: venv
+	$(VPY) tools/c_cycles.py csrc kernels
 	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
 	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
-	$(VENV)/bin/ruff check flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
-	$(VENV)/bin/ruff format --check flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check $(PY_SOURCES)
+	$(VENV)/bin/ruff format --check $(PY_SOURCES)
 
 format: venv
 	$(VENV)/bin/clang-format -i $(C_SOURCES)
-	$(VENV)/bin/ruff format flashinfer flashinfer_native native/*.py tests benchmarks examples setup.py
+	$(VENV)/bin/ruff format $(PY_SOURCES)
 
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.
 # Python itself is not instrumented, so the runtime is preloaded and leak checks are off.

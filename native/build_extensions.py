@@ -169,6 +169,7 @@ def extension(root, name, sources, cuda_sources):
     return ext
 
 
+CORE_KERNELS = ["kernels/cpu/stats.c"]
 CORE_CUDA = ["kernels/cuda/common.cu", "kernels/cuda/stats.cu"]
 
 
@@ -178,7 +179,7 @@ def core_extension(root):
     return extension(
         root,
         "flashinfer_native._C",
-        rel(root, "csrc/core/*.c") + rel(root, "csrc/tensorfile/*.c"),
+        rel(root, "csrc/core/*.c") + rel(root, "csrc/tensorfile/*.c") + CORE_KERNELS,
         CORE_CUDA,
     )
 
@@ -191,6 +192,6 @@ def kernels_extension(root):
         "flashinfer._kernels",
         rel(root, "csrc/ops/*.c")
         + ["csrc/tensorfile/tensor.c", "csrc/tensorfile/strbuf.c", "csrc/core/cuda_info.c"]
-        + rel(root, "kernels/cpu/*.c"),
+        + [c for c in rel(root, "kernels/cpu/*.c") if c not in CORE_KERNELS],
         [c for c in rel(root, "kernels/cuda/*.cu") if c not in CORE_CUDA[1:]],
     )

@@ -1,4 +1,5 @@
-/* cuda_info.h: the cuda_built / cuda_archs constants an extension module reports. */
+/* cuda_info.h: the cuda_built / cuda_archs constants an extension module reports:
+ * whether this build holds the CUDA kernels, and for which architectures. */
 #ifndef FI_CUDA_INFO_H
 #define FI_CUDA_INFO_H
 

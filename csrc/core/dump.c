@@ -11,15 +11,26 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "format.h"
+#include "dump_encode.h"
 #include "json.h"
 #include "sink.h"
 #include "strbuf.h"
 #include "tensor.h"
 #include "tensorio.h"
 
-#define MAX_ITEMS 10000 /* list/tuple/dict items kept in a metadata record */
-#define REPR_LIMIT 1000
+/* A call recorded while a CUDA graph was captured: no device-to-host copy may run then, so
+ * its tensors are held and written after each replay (flush_graph_dumps). It lives in a
+ * capsule in the logger's graph_pending list until clear_graph_dumps(). */
+typedef struct {
+    char *dir;         /* the call's directory */
+    PyObject *record;  /* the line-1 record, completed when the call returns */
+    PyObject *inputs;  /* key -> tensor */
+    PyObject *outputs; /* key -> tensor; NULL until the call returned */
+    PyObject *graph;   /* id of the CUDAGraph captured (graph_hooks), or None */
+    long flushes;      /* snapshots taken so far */
+} graph_entry;
+
+#define GRAPH_ENTRY_CAPSULE "flashinfer_native.graph_entry"
 
 struct fi_dump_call {
     fi_logger *lg;
@@ -28,8 +39,9 @@ struct fi_dump_call {
     char *dir;        /* the call's directory */
     long long input_bytes;
     long long output_bytes;
-    PyObject *graph_entry; /* while captured: [dir, record, inputs, outputs, flushes, graph] */
-    int meta_fd;           /* metadata.jsonl, open from line 1 to line 2 */
+    PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
+    graph_entry *graph;
+    int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
 };
 
 /* --------------------------------------------------------------- log lines */
@@ -66,252 +78,6 @@ static void log_dump_error(fi_logger *lg, const char *name, const char *where)
     Py_XDECREF(et);
     Py_XDECREF(ev);
     Py_XDECREF(tb);
-}
-
-/* ------------------------------------------------------- metadata encoding */
-
-static int dict_set(PyObject *d, const char *key, PyObject *value)
-{
-    if (!value)
-        return -1;
-    int r = PyDict_SetItemString(d, key, value);
-    Py_DECREF(value);
-    return r;
-}
-
-static PyObject *int_list(const int64_t *v, int n)
-{
-    PyObject *l = PyList_New(n);
-    for (int i = 0; l && i < n; i++) {
-        PyObject *x = PyLong_FromLongLong(v[i]);
-        if (!x) {
-            Py_CLEAR(l);
-            break;
-        }
-        PyList_SET_ITEM(l, i, x);
-    }
-    return l;
-}
-
-/* The text fi_tensor_put_dtype / fi_tensor_put_device write, as a str. */
-static PyObject *tensor_text(int (*put)(fi_buf *, PyObject *, const fi_tensor *), PyObject *tensor,
-                             const fi_tensor *t)
-{
-    fi_buf b;
-    fi_buf_init(&b);
-    PyObject *s = put(&b, tensor, t) < 0 ? NULL : PyUnicode_FromStringAndSize(b.data, b.len);
-    fi_buf_free(&b);
-    return s;
-}
-
-/* {shape, dtype, stride, device} for tensor_details; with full, also requires_grad,
- * is_contiguous and the "torch.Tensor" type tag used for nested tensors. */
-static PyObject *tensor_meta_of(PyObject *tensor, const fi_tensor *tp, int full, PyObject *key)
-{
-    const fi_tensor t = *tp;
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    if ((full && dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0) ||
-        dict_set(d, "shape", int_list(t.shape, t.ndim)) < 0 ||
-        dict_set(d, "dtype", tensor_text(fi_tensor_put_dtype, tensor, &t)) < 0 ||
-        dict_set(d, "stride", int_list(t.stride, t.ndim)) < 0 ||
-        dict_set(d, "device", tensor_text(fi_tensor_put_device, tensor, &t)) < 0)
-        goto fail;
-    if (full) {
-        PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
-        PyObject *contig = PyBool_FromLong(fi_tensor_is_contiguous(&t));
-        if (dict_set(d, "requires_grad", rg) < 0 || dict_set(d, "is_contiguous", contig) < 0)
-            goto fail;
-        Py_INCREF(key);
-        if (dict_set(d, "tensor_key", key) < 0)
-            goto fail;
-    }
-    return d;
-fail:
-    Py_DECREF(d);
-    return NULL;
-}
-
-static PyObject *tensor_meta(PyObject *tensor, int full, PyObject *key)
-{
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
-        return NULL;
-    return tensor_meta_of(tensor, &t, full, key);
-}
-
-typedef struct {
-    PyObject *tensors; /* key -> tensor, for the tensor file */
-    PyObject *details; /* key -> tensor_details entry */
-    PyObject *keys;    /* list of tensor keys in order */
-    long long bytes;   /* nbytes of the tensors collected */
-    int any_cuda;      /* a CUDA tensor is among them */
-} tensor_sink;
-
-static int collect_tensor(tensor_sink *ts, PyObject *key, PyObject *tensor)
-{
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
-        return -1;
-    PyObject *details = tensor_meta_of(tensor, &t, 0, key);
-    if (!details)
-        return -1;
-    int r = PyDict_SetItem(ts->details, key, details);
-    Py_DECREF(details);
-    if (r < 0 || PyDict_SetItem(ts->tensors, key, tensor) < 0 || PyList_Append(ts->keys, key) < 0)
-        return -1;
-    ts->bytes += (long long)(fi_tensor_numel(&t) * (int64_t)fi_dtype_size(t.dtype));
-    ts->any_cuda |= t.device_type == FI_DEVICE_CUDA;
-    return 0;
-}
-
-static PyObject *encode_value(tensor_sink *ts, PyObject *v, PyObject *key);
-
-static PyObject *typed(const char *type, const char *field, PyObject *value)
-{
-    if (!value)
-        return NULL;
-    PyObject *d = Py_BuildValue("{s:s,s:O}", "type", type, field, value);
-    Py_DECREF(value);
-    return d;
-}
-
-static PyObject *encode_repr(PyObject *v)
-{
-    PyObject *r = PyObject_Repr(v);
-    if (!r) {
-        PyErr_Clear();
-        r = PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(v)));
-    } else if (PyUnicode_GET_LENGTH(r) > REPR_LIMIT) {
-        Py_SETREF(r, PyUnicode_Substring(r, 0, REPR_LIMIT));
-    }
-    return typed(_PyType_Name(Py_TYPE(v)), "repr", r);
-}
-
-static PyObject *encode_enum(tensor_sink *ts, PyObject *v, PyObject *key)
-{
-    PyObject *cls = (PyObject *)Py_TYPE(v);
-    PyObject *name = PyObject_GetAttrString(v, "name");
-    PyObject *raw = name ? PyObject_GetAttr(v, fi_names.value) : NULL;
-    PyObject *value = raw ? encode_value(ts, raw, key) : NULL;
-    PyObject *mod = value ? PyObject_GetAttr(cls, fi_names.module) : NULL;
-    PyObject *qn = mod ? PyObject_GetAttr(cls, fi_names.qualname) : NULL;
-    PyObject *out = NULL;
-    if (qn)
-        out = Py_BuildValue("{s:s,s:N,s:O,s:N}", "type", "enum", "name",
-                            PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name), "value",
-                            value, "class", PyUnicode_FromFormat("%S.%S", mod, qn));
-    Py_XDECREF(name);
-    Py_XDECREF(raw);
-    Py_XDECREF(value);
-    Py_XDECREF(mod);
-    Py_XDECREF(qn);
-    return out;
-}
-
-static PyObject *encode_container(tensor_sink *ts, PyObject *v, PyObject *key)
-{
-    int is_dict = PyDict_Check(v);
-    const char *type = is_dict ? "dict" : PyList_Check(v) ? "list" : "tuple";
-    PyObject *seq = is_dict ? PyDict_Items(v) : PySequence_List(v);
-    if (!seq)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(seq), kept = n < MAX_ITEMS ? n : MAX_ITEMS;
-    PyObject *items = PyList_New(kept);
-    for (Py_ssize_t i = 0; items && i < kept; i++) {
-        PyObject *item = PyList_GET_ITEM(seq, i), *enc = NULL;
-        if (is_dict) {
-            PyObject *kk = PyUnicode_FromFormat("%S__key_%zd", key, i);
-            PyObject *vk = PyUnicode_FromFormat("%S__value_%zd", key, i);
-            PyObject *ke = kk ? encode_value(ts, PyTuple_GET_ITEM(item, 0), kk) : NULL;
-            PyObject *ve = (ke && vk) ? encode_value(ts, PyTuple_GET_ITEM(item, 1), vk) : NULL;
-            if (ve)
-                enc = Py_BuildValue("{s:O,s:O}", "key", ke, "value", ve);
-            Py_XDECREF(kk);
-            Py_XDECREF(vk);
-            Py_XDECREF(ke);
-            Py_XDECREF(ve);
-        } else {
-            PyObject *ik = PyUnicode_FromFormat("%S__%zd", key, i);
-            enc = ik ? encode_value(ts, item, ik) : NULL;
-            Py_XDECREF(ik);
-        }
-        if (!enc) {
-            Py_CLEAR(items);
-            break;
-        }
-        PyList_SET_ITEM(items, i, enc);
-    }
-    Py_DECREF(seq);
-    if (!items)
-        return NULL;
-    return Py_BuildValue("{s:s,s:n,s:N,s:O}", "type", type, "length", n, "items", items,
-                         "truncated", kept < n ? Py_True : Py_False);
-}
-
-/* The JSON-ready encoding of SPEC 4.3 for a non-top-level-tensor value; nested
- * tensors are collected into ts under key-derived names. New reference. */
-static PyObject *encode_value(tensor_sink *ts, PyObject *v, PyObject *key)
-{
-    if (v == Py_None || PyBool_Check(v) || PyUnicode_CheckExact(v) || PyFloat_CheckExact(v) ||
-        PyLong_CheckExact(v)) {
-        Py_INCREF(v);
-        return v;
-    }
-    if (fi_is_tensor(v)) {
-        if (collect_tensor(ts, key, v) < 0)
-            return NULL;
-        return tensor_meta(v, 1, key);
-    }
-    if (Py_EnterRecursiveCall(" while encoding dump metadata"))
-        return NULL;
-    PyObject *out;
-    if (PyObject_TypeCheck(v, (PyTypeObject *)fi_enum_type()))
-        out = encode_enum(ts, v, key);
-    else if (PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v))
-        out = encode_container(ts, v, key);
-    else if (fi_dtype_from_py(v) != FI_DTYPE_UNKNOWN ||
-             strcmp(Py_TYPE(v)->tp_name, "torch.dtype") == 0)
-        out = typed("torch.dtype", "value", PyObject_Str(v));
-    else if (strcmp(Py_TYPE(v)->tp_name, "torch.device") == 0)
-        out = typed("torch.device", "value", PyObject_Str(v));
-    else if (PyLong_Check(v) || PyFloat_Check(v))
-        out = PyLong_Check(v) ? PyNumber_Long(v) : PyNumber_Float(v);
-    else
-        out = encode_repr(v);
-    Py_LeaveRecursiveCall();
-    return out;
-}
-
-/* Puts value under key: top-level tensors go to the tensor file, the rest into meta. */
-static int add_value(tensor_sink *ts, PyObject *meta, PyObject *key, PyObject *value)
-{
-    if (fi_is_tensor(value))
-        return collect_tensor(ts, key, value);
-    PyObject *enc = encode_value(ts, value, key);
-    if (!enc)
-        return -1;
-    int r = PyDict_SetItem(meta, key, enc);
-    Py_DECREF(enc);
-    return r;
-}
-
-static int sink_init(tensor_sink *ts)
-{
-    ts->tensors = PyDict_New();
-    ts->details = PyDict_New();
-    ts->keys = PyList_New(0);
-    ts->bytes = 0;
-    ts->any_cuda = 0;
-    return (ts->tensors && ts->details && ts->keys) ? 0 : -1;
-}
-
-static void sink_free(tensor_sink *ts)
-{
-    Py_CLEAR(ts->tensors);
-    Py_CLEAR(ts->details);
-    Py_CLEAR(ts->keys);
 }
 
 /* ------------------------------------------------------------ file system */
@@ -429,9 +195,9 @@ static int write_line(int fd, const char *what, const char *where, const fi_buf 
     return -1;
 }
 
-/* session.jsonl stays open on the logger between records; it is opened again when the
- * file was deleted (the dump root removed and made anew). */
-static int session_fd(fi_logger *lg)
+/* session.jsonl's descriptor: it stays open on the logger between records and is opened
+ * again when the file was deleted (the dump root removed and made anew). */
+static int open_session_jsonl(fi_logger *lg)
 {
     struct stat st;
     if (lg->session_fd >= 0 && fstat(lg->session_fd, &st) == 0 && st.st_nlink > 0)
@@ -481,7 +247,7 @@ static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObjec
         *meta_fd = fd;
     else if (fd >= 0)
         close(fd);
-    int sfd = r == 0 ? session_fd(lg) : -1;
+    int sfd = r == 0 ? open_session_jsonl(lg) : -1;
     if (r == 0)
         r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", lg->cfg.dump_dir, &line);
     fi_buf_free(&line);
@@ -532,7 +298,7 @@ static void timestamp_now(char *out, size_t n)
 static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / MB); }
 
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
-static int graph_capturing(const tensor_sink *ts)
+static int graph_capturing(const fi_dump_tensors *ts)
 {
     if (!ts->any_cuda)
         return 0;
@@ -563,7 +329,7 @@ static void add_record_extras(fi_logger *lg, PyObject *rec)
 
 static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *name,
                               const char *stamp, long long call_seq, const char *dir,
-                              tensor_sink *ts, PyObject *input_meta, int capturing)
+                              fi_dump_tensors *ts, PyObject *input_meta, int capturing)
 {
     PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
     if (!module) {
@@ -585,7 +351,7 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
         capturing ? Py_True : Py_False, "dump_dir", dir, "sequence", lg->sequence);
     if (rec && api->self) {
         PyObject *id = PyLong_FromVoidPtr(api->self);
-        if (dict_set(rec, "self_id", id) < 0)
+        if (fi_dump_dict_set(rec, "self_id", id) < 0)
             Py_CLEAR(rec);
     }
     if (rec)
@@ -631,12 +397,51 @@ static int under_size_cap(fi_logger *lg, long long bytes)
     return (double)(lg->dump_bytes + bytes) <= lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
 }
 
+/* ----------------------------------------- calls held during graph capture */
+
+static void graph_entry_free(graph_entry *e)
+{
+    Py_XDECREF(e->record);
+    Py_XDECREF(e->inputs);
+    Py_XDECREF(e->outputs);
+    Py_XDECREF(e->graph);
+    free(e->dir);
+    free(e);
+}
+
+static void graph_capsule_free(PyObject *capsule)
+{
+    graph_entry_free(PyCapsule_GetPointer(capsule, GRAPH_ENTRY_CAPSULE));
+}
+
+/* Holds a captured call's record and input tensors in graph_pending for the flushes,
+ * with the graph being captured. */
+static int hold_for_graph(fi_dump_call *call, PyObject *inputs)
+{
+    graph_entry *e = calloc(1, sizeof(*e));
+    if (!e || !(e->dir = strdup(call->dir))) {
+        free(e);
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->record = Py_NewRef(call->record);
+    e->inputs = Py_NewRef(inputs);
+    e->graph = Py_NewRef(call->lg->capture_graph ? call->lg->capture_graph : Py_None);
+    call->graph_capsule = PyCapsule_New(e, GRAPH_ENTRY_CAPSULE, graph_capsule_free);
+    if (!call->graph_capsule) {
+        graph_entry_free(e);
+        return -1;
+    }
+    call->graph = e;
+    return PyList_Append(call->lg->graph_pending, call->graph_capsule);
+}
+
 static void call_free(fi_dump_call *call)
 {
     Py_XDECREF(call->lg);
     Py_XDECREF(call->name);
     Py_XDECREF(call->record);
-    Py_XDECREF(call->graph_entry);
+    Py_XDECREF(call->graph_capsule);
     if (call->meta_fd >= 0)
         close(call->meta_fd);
     free(call->dir);
@@ -653,25 +458,15 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     fi_dump_call *call = calloc(1, sizeof(*call));
     if (call)
         call->meta_fd = -1;
-    tensor_sink ts = {0};
+    fi_dump_tensors ts = {0};
     PyObject *input_meta = PyDict_New();
-    if (!call || !input_meta || sink_init(&ts) < 0)
+    if (!call || !input_meta || fi_dump_tensors_init(&ts) < 0)
         goto error;
     call->lg = lg;
     Py_INCREF(lg);
     call->name = PyUnicode_FromString(api->api_name);
-    if (!call->name)
+    if (!call->name || fi_dump_encode_inputs(&ts, input_meta, args, nargs, kwnames) < 0)
         goto error;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        PyObject *key =
-            i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
-                      : PyUnicode_FromFormat("kwarg_%U", PyTuple_GET_ITEM(kwnames, i - nargs));
-        int r = key ? add_value(&ts, input_meta, key, args[i]) : -1;
-        Py_XDECREF(key);
-        if (r < 0)
-            goto error;
-    }
     if (!under_count_cap(lg, api->api_name))
         goto skip;
     if (!under_size_cap(lg, ts.bytes)) {
@@ -691,7 +486,7 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     if (!call->dir)
         goto error;
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
-     * tensors and write them after each replay (fi_dump_flush_graph) */
+     * tensors and write them after each replay (flush_graph_dumps) */
     int capturing = lg->force_graph_capture || graph_capturing(&ts);
     Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
     if (written < 0) {
@@ -704,27 +499,21 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     call->input_bytes = ts.bytes;
     call->record =
         build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta, capturing);
-    if (!call->record || write_record(call) < 0)
+    if (!call->record || write_record(call) < 0 ||
+        (capturing && hold_for_graph(call, ts.tensors) < 0))
         goto error;
-    if (capturing) { /* graph: the CUDAGraph being captured (graph_hooks), or None */
-        PyObject *graph = lg->capture_graph ? lg->capture_graph : Py_None;
-        call->graph_entry =
-            Py_BuildValue("[sOOOiO]", call->dir, call->record, ts.tensors, Py_None, 0, graph);
-        if (!call->graph_entry || PyList_Append(lg->graph_pending, call->graph_entry) < 0)
-            goto error;
-    }
     log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
              (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
              capturing ? ", graph-deferred" : "");
     log_line(lg, "Inputs dumped to: %s", call->dir);
-    sink_free(&ts);
+    fi_dump_tensors_free(&ts);
     Py_DECREF(input_meta);
     PyErr_Restore(et, ev, tb);
     return call;
 error:
     log_dump_error(lg, api->api_name, "inputs");
 skip:
-    sink_free(&ts);
+    fi_dump_tensors_free(&ts);
     Py_XDECREF(input_meta);
     if (call)
         call_free(call);
@@ -732,53 +521,31 @@ skip:
     return NULL;
 }
 
-/* Fills output_metadata / tensor keys for the result (SPEC 4.3 key names). */
-static int collect_outputs(tensor_sink *ts, PyObject *out_meta, PyObject *result)
-{
-    if (PyTuple_Check(result)) {
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(result); i++) {
-            PyObject *key = PyUnicode_FromFormat("result_%zd", i);
-            int r = key ? add_value(ts, out_meta, key, PyTuple_GET_ITEM(result, i)) : -1;
-            Py_XDECREF(key);
-            if (r < 0)
-                return -1;
-        }
-        return 0;
-    }
-    PyObject *key = PyUnicode_FromString("result");
-    int r = key ? add_value(ts, out_meta, key, result) : -1;
-    Py_XDECREF(key);
-    return r;
-}
-
 static int finish_completed(fi_dump_call *call, PyObject *result)
 {
     fi_logger *lg = call->lg;
     PyObject *rec = call->record;
-    tensor_sink ts;
-    if (sink_init(&ts) < 0)
-        return -1;
+    fi_dump_tensors ts;
+    int r = -1;
+    if (fi_dump_tensors_init(&ts) < 0)
+        goto done;
     PyObject *out_meta = PyDict_GetItemString(rec, "output_metadata");
     PyObject *info = PyDict_GetItemString(rec, "tensor_info");
     PyObject *details = PyDict_GetItemString(rec, "tensor_details");
-    int r = -1;
-    if (!out_meta || !info || !details || collect_outputs(&ts, out_meta, result) < 0)
+    if (!out_meta || !info || !details || fi_dump_encode_outputs(&ts, out_meta, result) < 0)
         goto done;
     long long out_bytes = 0;
     const char *status = "completed";
-    if (call->graph_entry) { /* captured: the flushes write the output tensors */
-        Py_INCREF(ts.tensors);
-        if (PyList_SetItem(call->graph_entry, 3, ts.tensors) < 0 ||
-            PyDict_Update(details, ts.details) < 0)
-            goto done;
-        Py_INCREF(ts.keys);
-        if (dict_set(info, "output_tensor_keys", ts.keys) < 0)
+    if (call->graph) { /* captured: the flushes write the output tensors */
+        call->graph->outputs = Py_NewRef(ts.tensors);
+        if (PyDict_Update(details, ts.details) < 0 ||
+            fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
             goto done;
         out_bytes = ts.bytes;
         status = "graph_capture_pending_flush";
     } else if (PyList_GET_SIZE(ts.keys) > 0) {
         if (!under_size_cap(lg, ts.bytes)) {
-            if (dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
+            if (fi_dump_dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
                 goto done;
             log_size_cap(lg, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
         } else {
@@ -792,30 +559,28 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
                 PyObject *why = msg ? PyUnicode_FromFormat("write error: %U", msg)
                                     : PyUnicode_FromString("write error");
                 Py_XDECREF(msg);
-                if (dict_set(rec, "outputs_skipped", why) < 0)
+                if (fi_dump_dict_set(rec, "outputs_skipped", why) < 0)
                     goto done;
             } else {
                 lg->dump_bytes += written;
                 out_bytes = ts.bytes;
-                if (PyDict_Update(details, ts.details) < 0)
-                    goto done;
-                Py_INCREF(ts.keys);
-                if (dict_set(info, "output_tensor_keys", ts.keys) < 0)
+                if (PyDict_Update(details, ts.details) < 0 ||
+                    fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
                     goto done;
             }
         }
     }
     call->output_bytes = out_bytes;
     long long total = call->input_bytes + out_bytes;
-    if (dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
-        dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
-        dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
-        dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
-        dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0)
+    if (fi_dump_dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
+        fi_dump_dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
+        fi_dump_dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
+        fi_dump_dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
+        fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0)
         goto done;
     r = 0;
 done:
-    sink_free(&ts);
+    fi_dump_tensors_free(&ts);
     return r;
 }
 
@@ -829,9 +594,9 @@ static int finish_exception(fi_dump_call *call, PyObject *ev)
         return -1;
     }
     PyObject *exc = Py_BuildValue("{s:N,s:N}", "type", type_name, "message", msg);
-    if (dict_set(call->record, "exception", exc) < 0)
+    if (fi_dump_dict_set(call->record, "exception", exc) < 0)
         return -1;
-    return dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
+    return fi_dump_dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
 }
 
 /* Removes a captured call from the pending list (it raised: nothing to flush). */
@@ -839,7 +604,7 @@ static void drop_graph_entry(fi_dump_call *call)
 {
     PyObject *pending = call->lg->graph_pending;
     for (Py_ssize_t i = PyList_GET_SIZE(pending) - 1; i >= 0; i--)
-        if (PyList_GET_ITEM(pending, i) == call->graph_entry)
+        if (PyList_GET_ITEM(pending, i) == call->graph_capsule)
             PyList_SetSlice(pending, i, i + 1, NULL);
 }
 
@@ -849,7 +614,7 @@ static void log_outputs_dumped(fi_dump_call *call)
     log_line(call->lg, "Dumped outputs to: %s (output size: %.2f MB, total dump size: %.2f MB%s)",
              call->dir, (double)call->output_bytes / MB,
              (double)(call->input_bytes + call->output_bytes) / MB,
-             call->graph_entry ? ", graph-deferred" : "");
+             call->graph ? ", graph-deferred" : "");
     log_line(call->lg, "Outputs dumped to: %s", call->dir);
 }
 
@@ -863,7 +628,7 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     } else {
         PyErr_NormalizeException(&et, &ev, &tb);
         r = ev ? finish_exception(call, ev) : 0;
-        if (call->graph_entry)
+        if (call->graph)
             drop_graph_entry(call);
     }
     if (r == 0)
@@ -887,15 +652,15 @@ static int write_flush_records(fi_logger *lg, PyObject *base, const char *status
     PyObject *rec = PyDict_Copy(base);
     PyObject *snap_rec = NULL;
     int r = -1;
-    if (!rec || dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0 ||
-        dict_set(rec, "graph_capture_flushed", Py_NewRef(Py_True)) < 0 ||
-        dict_set(rec, "graph_capture_flush_index", PyLong_FromLong(n)) < 0 ||
-        dict_set(rec, "graph_capture_snapshot_dir", PyUnicode_FromString(snap)) < 0 ||
+    if (!rec || fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_flushed", Py_NewRef(Py_True)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_flush_index", PyLong_FromLong(n)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_snapshot_dir", PyUnicode_FromString(snap)) < 0 ||
         write_record_at(lg, dir, NULL, rec) < 0)
         goto done;
     snap_rec = PyDict_Copy(rec);
-    if (!snap_rec || dict_set(snap_rec, "dump_dir", PyUnicode_FromString(snap)) < 0 ||
-        dict_set(snap_rec, "graph_capture_base_dump_dir", PyUnicode_FromString(dir)) < 0)
+    if (!snap_rec || fi_dump_dict_set(snap_rec, "dump_dir", PyUnicode_FromString(snap)) < 0 ||
+        fi_dump_dict_set(snap_rec, "graph_capture_base_dump_dir", PyUnicode_FromString(dir)) < 0)
         goto done;
     r = write_record_at(lg, snap, NULL, snap_rec);
 done:
@@ -904,47 +669,36 @@ done:
     return r;
 }
 
-/* The held tensors of a captured call that a flush writes: 0, 1 or 2 parts. */
-static int held_part(PyObject *tensors)
-{
-    return tensors != Py_None && PyDict_GET_SIZE(tensors) > 0;
-}
+/* Whether a held part (inputs or outputs: key -> tensor, or NULL) has tensors to write. */
+static int held_part(PyObject *tensors) { return tensors && PyDict_GET_SIZE(tensors) > 0; }
 
 /* One snapshot of a captured call, as FlashInfer writes it: per part (inputs, then
  * outputs) the root file refreshed and graph_flushes/flush_NNNN/<part> written, then
  * the part's records. Adds the parts written to *parts. */
-static int flush_entry(fi_logger *lg, PyObject *entry, Py_ssize_t *parts)
+static int flush_entry(fi_logger *lg, graph_entry *e, Py_ssize_t *parts)
 {
-    const char *dir = PyUnicode_AsUTF8(PyList_GET_ITEM(entry, 0));
-    PyObject *record = PyList_GET_ITEM(entry, 1);
-    long n = PyLong_AsLong(PyList_GET_ITEM(entry, 4)) + 1;
-    if (!dir || n <= 0)
-        return -1;
-    PyObject *count = PyLong_FromLong(n);
-    if (!count || PyList_SetItem(entry, 4, count) < 0)
-        return -1;
-    size_t cap = strlen(dir) + 64;
+    long n = ++e->flushes;
+    size_t cap = strlen(e->dir) + 64;
     char *snap = malloc(cap);
     if (!snap) {
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", dir, n);
+    snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", e->dir, n);
     int r = fi_make_parents(snap, 0700); /* also remakes a call directory wiped meanwhile */
     if (r < 0)
         PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
     snap[strlen(snap) - 1] = '\0';
-    static const struct {
-        int index;
+    const struct {
+        PyObject *tensors;
         const char *stem, *status;
-    } part[2] = {{2, "inputs", "inputs_saved"}, {3, "outputs", "completed"}};
+    } part[2] = {{e->inputs, "inputs", "inputs_saved"}, {e->outputs, "outputs", "completed"}};
     for (int i = 0; r == 0 && i < 2; i++) {
-        PyObject *tensors = PyList_GET_ITEM(entry, part[i].index);
-        if (!held_part(tensors))
+        if (!held_part(part[i].tensors))
             continue;
-        Py_ssize_t w = save_tensors_at(lg, dir, part[i].stem, tensors);
-        Py_ssize_t w2 = w < 0 ? -1 : save_tensors_at(lg, snap, part[i].stem, tensors);
-        r = w2 < 0 ? -1 : write_flush_records(lg, record, part[i].status, n, dir, snap);
+        Py_ssize_t w = save_tensors_at(lg, e->dir, part[i].stem, part[i].tensors);
+        Py_ssize_t w2 = w < 0 ? -1 : save_tensors_at(lg, snap, part[i].stem, part[i].tensors);
+        r = w2 < 0 ? -1 : write_flush_records(lg, e->record, part[i].status, n, e->dir, snap);
         if (r == 0) {
             lg->dump_bytes += w + w2;
             (*parts)++;
@@ -954,41 +708,114 @@ static int flush_entry(fi_logger *lg, PyObject *entry, Py_ssize_t *parts)
     return r;
 }
 
+/* The held call in a graph_pending capsule; NULL (no exception) for anything else. */
+static graph_entry *entry_at(PyObject *pending, Py_ssize_t i)
+{
+    graph_entry *e = PyCapsule_GetPointer(PyList_GET_ITEM(pending, i), GRAPH_ENTRY_CAPSULE);
+    if (!e)
+        PyErr_Clear();
+    return e;
+}
+
 /* Whether a held call belongs to graph (NULL or None: every call). */
-static int entry_of_graph(PyObject *entry, PyObject *graph)
+static int entry_of_graph(const graph_entry *e, PyObject *graph)
 {
     if (!graph || graph == Py_None)
         return 1;
-    int eq = PyObject_RichCompareBool(PyList_GET_ITEM(entry, 5), graph, Py_EQ);
+    int eq = PyObject_RichCompareBool(e->graph, graph, Py_EQ);
     if (eq < 0)
         PyErr_Clear();
     return eq == 1;
 }
 
-Py_ssize_t fi_dump_pending_graph(fi_logger *lg, PyObject *graph)
+/* The number of parts (inputs, outputs) a flush of graph would write now. */
+static Py_ssize_t pending_parts(fi_logger *lg, PyObject *graph)
 {
     Py_ssize_t parts = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lg->graph_pending); i++) {
-        PyObject *entry = PyList_GET_ITEM(lg->graph_pending, i);
-        if (entry_of_graph(entry, graph))
-            parts += held_part(PyList_GET_ITEM(entry, 2)) + held_part(PyList_GET_ITEM(entry, 3));
+        graph_entry *e = entry_at(lg->graph_pending, i);
+        if (e && entry_of_graph(e, graph))
+            parts += held_part(e->inputs) + held_part(e->outputs);
     }
     return parts;
 }
 
-PyObject *fi_dump_flush_graph(fi_logger *lg, PyObject *graph)
+/* ---------------------------------------------- the Logger's graph methods */
+
+/* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
+static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
 {
-    PyObject *pending = PySequence_List(lg->graph_pending);
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s takes at most 1 argument (graph), got %zd", method,
+                     nargs);
+        return -1;
+    }
+    *graph = nargs ? args[0] : NULL;
+    return 0;
+}
+
+PyDoc_STRVAR(flush_graph_dumps_doc,
+             "flush_graph_dumps(graph=None)\n--\n\nWrite the held tensors (their current "
+             "values) of the calls recorded while CUDA graph `graph` (its id; None: any) was "
+             "captured, as a new snapshot: per part (inputs, outputs) the root tensor file "
+             "refreshed, graph_flushes/flush_NNNN/<part> written, a record with "
+             "graph_capture_flushed / _flush_index / _snapshot_dir appended to the call's "
+             "metadata.jsonl and one with graph_capture_base_dump_dir to the snapshot's. "
+             "Returns how many parts were written.");
+
+static PyObject *flush_graph_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    fi_logger *lg = (fi_logger *)self;
+    PyObject *graph;
+    if (graph_arg(args, nargs, "flush_graph_dumps", &graph) < 0)
+        return NULL;
+    PyObject *pending = PySequence_List(lg->graph_pending); /* flushing may run Python code */
     if (!pending)
         return NULL;
     Py_ssize_t parts = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
-        PyObject *entry = PyList_GET_ITEM(pending, i);
-        if (!entry_of_graph(entry, graph) || flush_entry(lg, entry, &parts) == 0)
+        graph_entry *e = entry_at(pending, i);
+        if (e && (!entry_of_graph(e, graph) || flush_entry(lg, e, &parts) == 0))
             continue;
-        PyObject *name = PyDict_GetItemString(PyList_GET_ITEM(entry, 1), "function_name");
+        PyObject *name = e ? PyDict_GetItemString(e->record, "function_name") : NULL;
         log_dump_error(lg, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
     }
     Py_DECREF(pending);
     return PyLong_FromSsize_t(parts);
 }
+
+PyDoc_STRVAR(pending_graph_dumps_doc,
+             "pending_graph_dumps(graph=None)\n--\n\nHow many parts (inputs, outputs) a "
+             "flush_graph_dumps(graph) would write now.");
+
+static PyObject *pending_graph_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "pending_graph_dumps", &graph) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(pending_parts((fi_logger *)self, graph));
+}
+
+PyDoc_STRVAR(clear_graph_dumps_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
+                                    "CUDA graph capture; returns how many parts were held.");
+
+static PyObject *clear_graph_dumps(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    fi_logger *lg = (fi_logger *)self;
+    Py_ssize_t parts = pending_parts(lg, NULL);
+    if (PyList_SetSlice(lg->graph_pending, 0, PyList_GET_SIZE(lg->graph_pending), NULL) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(parts);
+}
+
+static PyMethodDef graph_methods[] = {
+    {"flush_graph_dumps", (PyCFunction)(void (*)(void))flush_graph_dumps, METH_FASTCALL,
+     flush_graph_dumps_doc},
+    {"pending_graph_dumps", (PyCFunction)(void (*)(void))pending_graph_dumps, METH_FASTCALL,
+     pending_graph_dumps_doc},
+    {"clear_graph_dumps", clear_graph_dumps, METH_NOARGS, clear_graph_dumps_doc},
+    {NULL},
+};
+
+int fi_dump_exec(PyObject *module) { return fi_logger_add_methods(module, graph_methods); }

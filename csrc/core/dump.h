@@ -1,5 +1,5 @@
 /* dump.h: the level-10 flight recorder (SPEC 4): dump directories, tensor files,
- * metadata.jsonl / session.jsonl records, caps and filters. */
+ * metadata.jsonl / session.jsonl records, caps, and calls held during CUDA graph capture. */
 #ifndef FI_DUMP_H
 #define FI_DUMP_H
 
@@ -28,16 +28,12 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
  * exception is read for the record and left in place. Frees call. */
 void fi_dump_end(fi_dump_call *call, PyObject *result);
 
-/* Writes the calls recorded during the capture of CUDA graph `graph` (an int id, as
- * graph_hooks passes it in Logger.capture_graph; NULL or None: every call) with the
- * current values of their held tensors, as FlashInfer does: per part (inputs, outputs)
- * the root tensor file refreshed, graph_flushes/flush_NNNN/<part> written, a record with
- * graph_capture_flushed / _flush_index / _snapshot_dir appended to the call's
- * metadata.jsonl and one with graph_capture_base_dump_dir to the snapshot's. Returns the
- * number of parts written (new ref). */
-PyObject *fi_dump_flush_graph(fi_logger *lg, PyObject *graph);
-
-/* The number of parts (inputs, outputs) a flush of `graph` would write now. */
-Py_ssize_t fi_dump_pending_graph(fi_logger *lg, PyObject *graph);
+/* Adds the Logger's methods for calls recorded during CUDA graph capture (after
+ * fi_logger_exec), each held with the graph being captured (Logger.capture_graph, set by
+ * graph_hooks): flush_graph_dumps(graph=None) writes those of one graph (or all) with the
+ * current values of their held tensors, as FlashInfer does; pending_graph_dumps(graph=None)
+ * counts the parts (inputs, outputs) a flush would write; clear_graph_dumps() forgets them
+ * and returns that count. */
+int fi_dump_exec(PyObject *module);
 
 #endif

@@ -5,7 +5,6 @@
 #include <structmember.h>
 #include <unistd.h>
 
-#include "dump.h"
 #include "module.h"
 
 static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
@@ -221,60 +220,7 @@ static PyMemberDef logger_members[] = {
     {NULL},
 };
 
-PyDoc_STRVAR(logger_flush_doc,
-             "flush_graph_dumps(graph=None)\n--\n\nWrite the held tensors (their current "
-             "values) of the calls recorded while CUDA graph `graph` (its id; None: any) was "
-             "captured, as a new snapshot; returns how many parts (inputs, outputs) were written.");
-PyDoc_STRVAR(logger_pending_doc,
-             "pending_graph_dumps(graph=None)\n--\n\nHow many parts (inputs, outputs) a "
-             "flush_graph_dumps(graph) would write now.");
-PyDoc_STRVAR(logger_clear_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
-                               "CUDA graph capture; returns how many parts were held.");
-
-/* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
-static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
-{
-    if (nargs > 1) {
-        PyErr_Format(PyExc_TypeError, "%s takes at most 1 argument (graph), got %zd", method,
-                     nargs);
-        return -1;
-    }
-    *graph = nargs ? args[0] : NULL;
-    return 0;
-}
-
-static PyObject *logger_flush(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *graph;
-    if (graph_arg(args, nargs, "flush_graph_dumps", &graph) < 0)
-        return NULL;
-    return fi_dump_flush_graph(lg, graph);
-}
-
-static PyObject *logger_pending(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
-{
-    PyObject *graph;
-    if (graph_arg(args, nargs, "pending_graph_dumps", &graph) < 0)
-        return NULL;
-    return PyLong_FromSsize_t(fi_dump_pending_graph(lg, graph));
-}
-
-static PyObject *logger_clear_graph(fi_logger *lg, PyObject *unused)
-{
-    (void)unused;
-    Py_ssize_t parts = fi_dump_pending_graph(lg, NULL);
-    Py_ssize_t n = PyList_GET_SIZE(lg->graph_pending);
-    if (PyList_SetSlice(lg->graph_pending, 0, n, NULL) < 0)
-        return NULL;
-    return PyLong_FromSsize_t(parts);
-}
-
 static PyMethodDef logger_methods[] = {
-    {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush, METH_FASTCALL,
-     logger_flush_doc},
-    {"pending_graph_dumps", (PyCFunction)(void (*)(void))logger_pending, METH_FASTCALL,
-     logger_pending_doc},
-    {"clear_graph_dumps", (PyCFunction)logger_clear_graph, METH_NOARGS, logger_clear_doc},
     {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
     {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},
     {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},
@@ -358,4 +304,17 @@ int fi_logger_exec(PyObject *module)
         return -1;
     logger_type_cache = st->logger_type;
     return PyModule_AddType(module, st->logger_type);
+}
+
+int fi_logger_add_methods(PyObject *module, PyMethodDef *methods)
+{
+    PyTypeObject *type = fi_state_of(module)->logger_type;
+    for (PyMethodDef *m = methods; m->ml_name; m++) {
+        PyObject *descr = PyDescr_NewMethod(type, m);
+        int r = descr ? PyObject_SetAttrString((PyObject *)type, m->ml_name, descr) : -1;
+        Py_XDECREF(descr);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
 }

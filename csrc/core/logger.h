@@ -11,7 +11,8 @@
 #include "sink.h"
 
 typedef struct {
-    PyObject_HEAD fi_config cfg;
+    PyObject_HEAD
+    fi_config cfg;
     fi_sink sink;
     time_t ts_second; /* the second ts_text describes */
     char ts_text[32]; /* "[YYYY-MM-DD HH:MM:SS]" */
@@ -21,7 +22,7 @@ typedef struct {
     long long sequence;      /* per-process order of dumped calls */
     PyObject *call_counters; /* dict: API name -> int, for the directory names */
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
-    PyObject *graph_pending; /* list of calls recorded during CUDA graph capture */
+    PyObject *graph_pending; /* list: calls recorded during CUDA graph capture */
     PyObject *capture_graph; /* id of the CUDAGraph being captured (graph_hooks), or NULL */
     int force_graph_capture; /* tests: treat every call as captured */
     int dump_root_ready;
@@ -43,5 +44,10 @@ void fi_logger_emit(fi_logger *lg, const char *data, size_t len);
 
 /* Adds the Logger type to the module. */
 int fi_logger_exec(PyObject *module);
+
+/* Adds methods (a NULL-terminated table that outlives the type) to the Logger type after
+ * fi_logger_exec: components with state on the Logger give it their methods this way,
+ * so the Logger needs to know none of them. */
+int fi_logger_add_methods(PyObject *module, PyMethodDef *methods);
 
 #endif

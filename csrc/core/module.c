@@ -3,6 +3,7 @@
 #include "module.h"
 
 #include "cuda_info.h"
+#include "dump.h"
 #include "format.h"
 #include "json.h"
 #include "logger.h"
@@ -44,6 +45,7 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, tensor_exec},
     {Py_mod_exec, fi_format_exec},
     {Py_mod_exec, fi_logger_exec},
+    {Py_mod_exec, fi_dump_exec}, /* after the Logger type: gives it the graph-dump methods */
     {Py_mod_exec, fi_wrapper_exec},
     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},

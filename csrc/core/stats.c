@@ -1,700 +1,12 @@
-/* stats.c: level-5 tensor statistics. CPU tensors are read in place in one pass (strided
- * views walked with the innermost dimension as the inner loop); CUDA uses torch ops. */
+/* stats.c: level-5 tensor statistics of a torch.Tensor: the kernel for its device (the CPU
+ * one, the CUDA one for float dtypes, else torch ops), the log text, the Python functions. */
 #include "stats.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#include "fi_numeric.h"
 #include "tensor.h"
-
-/* ---- memory layout ---------------------------------------------------------------- */
-
-/* A tensor's memory as dimensions sorted by byte step, outermost first, with size-1
- * dimensions dropped, negative steps flipped, stride-0 dimensions folded into repeat and
- * dimensions that tile each other merged. Statistics do not depend on element order. */
-typedef struct {
-    const char *data;
-    int ndim; /* >= 1 */
-    int64_t shape[FI_MAX_DIMS];
-    int64_t step[FI_MAX_DIMS]; /* bytes */
-    int64_t repeat;            /* how many logical elements each visited element stands for */
-} stats_layout;
-
-/* Fills L from t; returns -1 for a negative size, a size or stride product that overflows,
- * or a NULL data pointer with elements to read. *numel gets the element count. */
-static int layout_from_tensor(const fi_tensor *t, int64_t esize, stats_layout *L, int64_t *numel)
-{
-    if (t->ndim < 0 || t->ndim > FI_MAX_DIMS)
-        return -1;
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0 || __builtin_mul_overflow(n, t->shape[i], &n))
-            return -1;
-    }
-    *numel = n;
-    memset(L, 0, sizeof(*L));
-    L->repeat = 1;
-    if (n == 0)
-        return 0;
-    if (!t->data)
-        return -1;
-    const char *base = (const char *)t->data;
-    int64_t span = 0;
-    int nd = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        int64_t size = t->shape[i], step;
-        if (size == 1)
-            continue;
-        if (__builtin_mul_overflow(t->stride[i], esize, &step))
-            return -1;
-        if (step == 0) {
-            L->repeat *= size;
-            continue;
-        }
-        int64_t extent; /* (size - 1) * |step| */
-        if (step == INT64_MIN ||
-            __builtin_mul_overflow(size - 1, step < 0 ? -step : step, &extent) ||
-            __builtin_add_overflow(span, extent, &span))
-            return -1;
-        if (step < 0) {
-            base -= extent;
-            step = -step;
-        }
-        /* insertion sort, largest step first */
-        int j = nd++;
-        for (; j > 0 && L->step[j - 1] < step; j--) {
-            L->step[j] = L->step[j - 1];
-            L->shape[j] = L->shape[j - 1];
-        }
-        L->step[j] = step;
-        L->shape[j] = size;
-    }
-    L->data = base;
-    if (nd == 0) {
-        L->ndim = 1;
-        L->shape[0] = 1;
-        L->step[0] = esize;
-        return 0;
-    }
-    /* merge an outer dimension into the inner one when it steps exactly over it */
-    int out = nd - 1;
-    for (int i = nd - 2; i >= 0; i--) {
-        if (L->step[i] == L->step[out] * L->shape[out]) {
-            L->shape[out] *= L->shape[i];
-        } else {
-            out--;
-            L->shape[out] = L->shape[i];
-            L->step[out] = L->step[i];
-        }
-    }
-    L->ndim = nd - out;
-    memmove(L->shape, L->shape + out, sizeof(int64_t) * (size_t)L->ndim);
-    memmove(L->step, L->step + out, sizeof(int64_t) * (size_t)L->ndim);
-    return 0;
-}
-
-typedef void (*row_fn)(void *acc, const char *p, int64_t n, int64_t step);
-
-/* Calls row once per innermost row of L, walking the outer dimensions as an odometer. */
-static void layout_walk(const stats_layout *L, row_fn row, void *acc)
-{
-    int inner = L->ndim - 1;
-    int64_t idx[FI_MAX_DIMS] = {0};
-    const char *p = L->data;
-    for (;;) {
-        row(acc, p, L->shape[inner], L->step[inner]);
-        int d = inner - 1;
-        for (; d >= 0; d--) {
-            if (++idx[d] < L->shape[d]) {
-                p += L->step[d];
-                break;
-            }
-            p -= (L->shape[d] - 1) * L->step[d];
-            idx[d] = 0;
-        }
-        if (d < 0)
-            return;
-    }
-}
-
-/* ---- row kernels -------------------------------------------------------------------- */
-
-#define LANES 8     /* independent integer accumulators */
-#define CHUNK 65536 /* elements per flush of the 32-bit lane counters */
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-typedef struct {
-    double min, max, sum; /* over non-NaN elements */
-    int64_t nan, inf;
-} float_acc;
-
-typedef struct {
-    __int128 sum;
-    int64_t min, max;
-} int_acc;
-
-typedef struct {
-    unsigned __int128 sum;
-    uint64_t min, max;
-} uint64_acc;
-
-typedef struct {
-    uint64_t count[256];
-} byte_hist;
-
-/* Four lanes of float32 (two of float64) in GCC/Clang vector extensions: plain C
- * arithmetic that compiles to SSE2 on x86-64 and NEON on arm64 without -ffast-math. */
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int32_t i32x4 __attribute__((vector_size(16)));
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
-typedef double f64x2 __attribute__((vector_size(16)));
-typedef int64_t i64x2 __attribute__((vector_size(16)));
-
-ALWAYS_INLINE f32x4 select_f32x4(i32x4 mask, f32x4 a, f32x4 b)
-{
-    return (f32x4)((mask & (i32x4)a) | (~mask & (i32x4)b));
-}
-
-ALWAYS_INLINE f64x2 select_f64x2(i64x2 mask, f64x2 a, f64x2 b)
-{
-    return (f64x2)((mask & (i64x2)a) | (~mask & (i64x2)b));
-}
-
-/* binary16 codes (in the low half of each lane) -> float32, without branches (the
- * float-bits trick of the FP16 library): exact for subnormals, infinities and NaNs. */
-ALWAYS_INLINE f32x4 f16x4_to_f32x4(u32x4 h)
-{
-    u32x4 w = h << 16;
-    u32x4 sign = w & 0x80000000u;
-    u32x4 two_w = w + w;
-    f32x4 normal = (f32x4)((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    f32x4 denormal = (f32x4)((two_w >> 17) | (126u << 23)) - 0.5f;
-    i32x4 is_denormal = two_w < (1u << 27);
-    return (f32x4)(sign | (u32x4)select_f32x4(is_denormal, denormal, normal));
-}
-
-enum { LOAD_F32, LOAD_F16, LOAD_BF16 };
-
-ALWAYS_INLINE f32x4 half_to_f32x4(u32x4 h, int kind)
-{
-    return kind == LOAD_BF16 ? (f32x4)(h << 16) : f16x4_to_f32x4(h);
-}
-
-/* Loads eight elements step bytes apart as two float32 vectors, in no particular order:
- * sixteen contiguous bytes of a 2-byte kind are split into the low and high halves of
- * each 32-bit lane. */
-ALWAYS_INLINE void load_f32x8(const char *p, int64_t step, int kind, f32x4 *v0, f32x4 *v1)
-{
-    if (kind == LOAD_F32) {
-        if (step == 4) {
-            memcpy(v0, p, 16);
-            memcpy(v1, p + 16, 16);
-            return;
-        }
-        for (int j = 0; j < 4; j++) {
-            memcpy((char *)v0 + 4 * j, p + j * step, 4);
-            memcpy((char *)v1 + 4 * j, p + (j + 4) * step, 4);
-        }
-        return;
-    }
-    if (step == 2) {
-        u32x4 w;
-        memcpy(&w, p, 16);
-        *v0 = half_to_f32x4(w & 0xffff, kind);
-        *v1 = half_to_f32x4(w >> 16, kind);
-        return;
-    }
-    u32x4 h0, h1;
-    for (int j = 0; j < 4; j++) {
-        uint16_t b0, b1;
-        memcpy(&b0, p + j * step, 2);
-        memcpy(&b1, p + (j + 4) * step, 2);
-        h0[j] = b0;
-        h1[j] = b1;
-    }
-    *v0 = half_to_f32x4(h0, kind);
-    *v1 = half_to_f32x4(h1, kind);
-}
-
-/* A single element as float32 (tails of rows). */
-ALWAYS_INLINE float load_f32(const char *p, int kind)
-{
-    float f;
-    uint16_t h;
-    if (kind == LOAD_F32) {
-        memcpy(&f, p, 4);
-        return f;
-    }
-    memcpy(&h, p, 2);
-    return kind == LOAD_BF16 ? fi_bf16_to_f32(h) : fi_f16_to_f32(h);
-}
-
-typedef struct {
-    f32x4 lo, hi;
-    f64x2 sum_low, sum_high; /* lanes 0-1 and 2-3, widened to double */
-    i32x4 nan, inf;          /* minus the counts (compares give -1) */
-} f32_lanes;
-
-/* NaN fails v < lo and v > hi, so min and max skip it; its lane is zeroed for the sum. */
-ALWAYS_INLINE void f32_lanes_add(f32_lanes *l, f32x4 v)
-{
-    i32x4 is_nan = v != v;
-    i32x4 is_inf = (f32x4)((i32x4)v & 0x7fffffff) == INFINITY;
-    l->lo = select_f32x4(v < l->lo, v, l->lo);
-    l->hi = select_f32x4(v > l->hi, v, l->hi);
-    f32x4 clean = (f32x4)((i32x4)v & ~is_nan);
-    f64x2 low = {clean[0], clean[1]}, high = {clean[2], clean[3]};
-    l->sum_low += low;
-    l->sum_high += high;
-    l->nan += is_nan;
-    l->inf += is_inf;
-}
-
-ALWAYS_INLINE void float_acc_add(float_acc *a, float v)
-{
-    if (v != v) {
-        a->nan++;
-        return;
-    }
-    a->inf += fabsf(v) == INFINITY;
-    a->min = v < a->min ? v : a->min;
-    a->max = v > a->max ? v : a->max;
-    a->sum += v;
-}
-
-/* Eight elements per step in two independent lane sets; the 32-bit counters are
- * flushed every CHUNK elements. */
-ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t step, int kind)
-{
-    if (n < 16) { /* short rows of a narrow slice: setting up the lanes costs more */
-        for (int64_t i = 0; i < n; i++)
-            float_acc_add(a, load_f32(p + i * step, kind));
-        return;
-    }
-    f32_lanes l[2];
-    for (int k = 0; k < 2; k++) {
-        l[k].lo = (f32x4){INFINITY, INFINITY, INFINITY, INFINITY};
-        l[k].hi = -l[k].lo;
-        l[k].sum_low = l[k].sum_high = (f64x2){0.0, 0.0};
-    }
-    int64_t i = 0;
-    while (n - i >= 8) {
-        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)7);
-        for (int k = 0; k < 2; k++)
-            l[k].nan = l[k].inf = (i32x4){0, 0, 0, 0};
-        for (; i < stop; i += 8) {
-            f32x4 v0, v1;
-            load_f32x8(p + i * step, step, kind, &v0, &v1);
-            f32_lanes_add(&l[0], v0);
-            f32_lanes_add(&l[1], v1);
-        }
-        for (int k = 0; k < 2; k++)
-            for (int j = 0; j < 4; j++) {
-                a->nan -= l[k].nan[j];
-                a->inf -= l[k].inf[j];
-            }
-    }
-    for (int k = 0; k < 2; k++) {
-        for (int j = 0; j < 4; j++) {
-            a->min = l[k].lo[j] < a->min ? l[k].lo[j] : a->min;
-            a->max = l[k].hi[j] > a->max ? l[k].hi[j] : a->max;
-        }
-        a->sum += (l[k].sum_low[0] + l[k].sum_low[1]) + (l[k].sum_high[0] + l[k].sum_high[1]);
-    }
-    for (; i < n; i++)
-        float_acc_add(a, load_f32(p + i * step, kind));
-}
-
-/* Each row function takes a contiguous fast path where the step is the element size,
- * so the compiler sees a constant stride and uses whole-vector loads. */
-static void row_f32(void *a, const char *p, int64_t n, int64_t step)
-{
-    if (step == 4)
-        float_row(a, p, n, 4, LOAD_F32);
-    else
-        float_row(a, p, n, step, LOAD_F32);
-}
-
-static void row_f16(void *a, const char *p, int64_t n, int64_t step)
-{
-    if (step == 2)
-        float_row(a, p, n, 2, LOAD_F16);
-    else
-        float_row(a, p, n, step, LOAD_F16);
-}
-
-static void row_bf16(void *a, const char *p, int64_t n, int64_t step)
-{
-    if (step == 2)
-        float_row(a, p, n, 2, LOAD_BF16);
-    else
-        float_row(a, p, n, step, LOAD_BF16);
-}
-
-typedef struct {
-    f64x2 lo, hi, sum;
-    i64x2 nan, inf; /* minus the counts */
-} f64_lanes;
-
-ALWAYS_INLINE void f64_lanes_add(f64_lanes *l, f64x2 v)
-{
-    i64x2 is_nan = v != v;
-    l->lo = select_f64x2(v < l->lo, v, l->lo);
-    l->hi = select_f64x2(v > l->hi, v, l->hi);
-    l->sum += (f64x2)((i64x2)v & ~is_nan);
-    l->nan += is_nan;
-    l->inf += (f64x2)((i64x2)v & INT64_MAX) == INFINITY;
-}
-
-ALWAYS_INLINE void double_row(float_acc *a, const char *p, int64_t n, int64_t step)
-{
-    f64_lanes l[2];
-    for (int k = 0; k < 2; k++) {
-        l[k].lo = (f64x2){INFINITY, INFINITY};
-        l[k].hi = -l[k].lo;
-        l[k].sum = (f64x2){0.0, 0.0};
-        l[k].nan = l[k].inf = (i64x2){0, 0};
-    }
-    int64_t i = 0;
-    for (; n - i >= 4; i += 4) {
-        f64x2 v[2];
-        for (int k = 0; k < 2; k++) {
-            if (step == 8) {
-                memcpy(&v[k], p + (i + 2 * k) * 8, 16);
-            } else {
-                memcpy((char *)&v[k], p + (i + 2 * k) * step, 8);
-                memcpy((char *)&v[k] + 8, p + (i + 2 * k + 1) * step, 8);
-            }
-            f64_lanes_add(&l[k], v[k]);
-        }
-    }
-    for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 2; j++) {
-            a->min = l[k].lo[j] < a->min ? l[k].lo[j] : a->min;
-            a->max = l[k].hi[j] > a->max ? l[k].hi[j] : a->max;
-            a->sum += l[k].sum[j];
-            a->nan -= l[k].nan[j];
-            a->inf -= l[k].inf[j];
-        }
-    for (; i < n; i++) {
-        double v;
-        memcpy(&v, p + i * step, 8);
-        if (v != v) {
-            a->nan++;
-            continue;
-        }
-        a->inf += fabs(v) == INFINITY;
-        a->min = v < a->min ? v : a->min;
-        a->max = v > a->max ? v : a->max;
-        a->sum += v;
-    }
-}
-
-static void row_f64(void *a, const char *p, int64_t n, int64_t step)
-{
-    if (step == 8)
-        double_row(a, p, n, 8);
-    else
-        double_row(a, p, n, step);
-}
-
-enum { LOAD_I16, LOAD_U16, LOAD_I32, LOAD_U32 };
-
-ALWAYS_INLINE int64_t load_narrow_int(const char *p, int kind)
-{
-    int16_t i16;
-    uint16_t u16;
-    int32_t i32;
-    uint32_t u32;
-    switch (kind) {
-    case LOAD_I16:
-        memcpy(&i16, p, 2);
-        return i16;
-    case LOAD_U16:
-        memcpy(&u16, p, 2);
-        return u16;
-    case LOAD_I32:
-        memcpy(&i32, p, 4);
-        return i32;
-    default:
-        memcpy(&u32, p, 4);
-        return u32;
-    }
-}
-
-/* 16- and 32-bit integers: 64-bit lane sums cannot overflow within a chunk. */
-ALWAYS_INLINE void narrow_int_row(int_acc *a, const char *p, int64_t n, int64_t step, int kind)
-{
-    int64_t lo[LANES], hi[LANES], sum[LANES];
-    for (int j = 0; j < LANES; j++) {
-        lo[j] = INT64_MAX;
-        hi[j] = INT64_MIN;
-    }
-    int64_t i = 0;
-    while (n - i >= LANES) {
-        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)(LANES - 1));
-        for (int j = 0; j < LANES; j++)
-            sum[j] = 0;
-        for (; i < stop; i += LANES) {
-            for (int j = 0; j < LANES; j++) {
-                int64_t v = load_narrow_int(p + (i + j) * step, kind);
-                lo[j] = v < lo[j] ? v : lo[j];
-                hi[j] = v > hi[j] ? v : hi[j];
-                sum[j] += v;
-            }
-        }
-        for (int j = 0; j < LANES; j++)
-            a->sum += sum[j];
-    }
-    for (; i < n; i++) {
-        int64_t v = load_narrow_int(p + i * step, kind);
-        lo[0] = v < lo[0] ? v : lo[0];
-        hi[0] = v > hi[0] ? v : hi[0];
-        a->sum += v;
-    }
-    for (int j = 0; j < LANES; j++) {
-        if (lo[j] < a->min)
-            a->min = lo[j];
-        if (hi[j] > a->max)
-            a->max = hi[j];
-    }
-}
-
-#define NARROW_INT_ROW(NAME, SIZE, KIND)                                                           \
-    static void NAME(void *a, const char *p, int64_t n, int64_t step)                              \
-    {                                                                                              \
-        if (step == SIZE)                                                                          \
-            narrow_int_row(a, p, n, SIZE, KIND);                                                   \
-        else                                                                                       \
-            narrow_int_row(a, p, n, step, KIND);                                                   \
-    }
-
-NARROW_INT_ROW(row_i16, 2, LOAD_I16)
-NARROW_INT_ROW(row_u16, 2, LOAD_U16)
-NARROW_INT_ROW(row_i32, 4, LOAD_I32)
-NARROW_INT_ROW(row_u32, 4, LOAD_U32)
-
-static void row_i64(void *acc, const char *p, int64_t n, int64_t step)
-{
-    int_acc *a = acc;
-    int64_t lo = a->min, hi = a->max;
-    __int128 sum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, p + i * step, 8);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-        sum += v;
-    }
-    a->min = lo;
-    a->max = hi;
-    a->sum += sum;
-}
-
-static void row_u64(void *acc, const char *p, int64_t n, int64_t step)
-{
-    uint64_acc *a = acc;
-    uint64_t lo = a->min, hi = a->max;
-    unsigned __int128 sum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t v;
-        memcpy(&v, p + i * step, 8);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-        sum += v;
-    }
-    a->min = lo;
-    a->max = hi;
-    a->sum += sum;
-}
-
-/* One-byte dtypes (float8 kinds, int8, uint8, bool) are counted into a histogram of the
- * 256 codes; the statistics come from decoding each code present once. Long contiguous
- * rows use four 32-bit sub-histograms so repeated codes do not serialise on one counter. */
-static void row_bytes(void *acc, const char *p, int64_t n, int64_t step)
-{
-    byte_hist *h = acc;
-    const unsigned char *b = (const unsigned char *)p;
-    if (step != 1 || n < 4096) {
-        for (int64_t i = 0; i < n; i++)
-            h->count[b[i * step]]++;
-        return;
-    }
-    uint32_t sub[4][256];
-    int64_t i = 0;
-    while (n - i >= 4) {
-        int64_t stop = i + ((n - i < (1 << 24) ? n - i : (1 << 24)) & ~(int64_t)3);
-        memset(sub, 0, sizeof(sub));
-        for (; i < stop; i += 4) {
-            sub[0][b[i]]++;
-            sub[1][b[i + 1]]++;
-            sub[2][b[i + 2]]++;
-            sub[3][b[i + 3]]++;
-        }
-        for (int c = 0; c < 256; c++)
-            h->count[c] += (uint64_t)sub[0][c] + sub[1][c] + sub[2][c] + sub[3][c];
-    }
-    for (; i < n; i++)
-        h->count[b[i]]++;
-}
-
-/* ---- results ------------------------------------------------------------------------ */
-
-static void finish_float(const float_acc *a, int64_t numel, int64_t repeat, fi_stats *out)
-{
-    out->kind = FI_STATS_FLOAT;
-    out->nan_count = a->nan * repeat;
-    out->inf_count = a->inf * repeat;
-    int64_t valid = numel - out->nan_count;
-    if (valid == 0) {
-        out->min = out->max = out->mean = NAN;
-        return;
-    }
-    out->min = a->min;
-    out->max = a->max;
-    out->mean = a->sum * (double)repeat / (double)valid;
-}
-
-static void finish_int(int64_t lo, int64_t hi, __int128 sum, int64_t numel, fi_stats *out)
-{
-    out->kind = FI_STATS_INT;
-    out->imin = lo;
-    out->imax = hi;
-    out->min = (double)lo;
-    out->max = (double)hi;
-    out->mean = (double)sum / (double)numel;
-}
-
-static float decode_float8(fi_dtype dtype, uint8_t code)
-{
-    switch (dtype) {
-    case FI_DTYPE_E4M3FN:
-        return fi_e4m3fn_to_f32(code);
-    case FI_DTYPE_E4M3FNUZ:
-        return fi_e4m3fnuz_to_f32(code);
-    case FI_DTYPE_E5M2:
-        return fi_e5m2_to_f32(code);
-    case FI_DTYPE_E5M2FNUZ:
-        return fi_e5m2fnuz_to_f32(code);
-    default:
-        return fi_e8m0fnu_to_f32(code);
-    }
-}
-
-static void finish_hist(const byte_hist *h, fi_dtype dtype, int64_t numel, int64_t repeat,
-                        fi_stats *out)
-{
-    if (dtype == FI_DTYPE_I8 || dtype == FI_DTYPE_U8 || dtype == FI_DTYPE_BOOL) {
-        int64_t lo = INT64_MAX, hi = INT64_MIN;
-        __int128 sum = 0;
-        for (int c = 0; c < 256; c++) {
-            if (!h->count[c])
-                continue;
-            int64_t v = dtype == FI_DTYPE_I8 ? (int8_t)c : dtype == FI_DTYPE_BOOL ? c != 0 : c;
-            lo = v < lo ? v : lo;
-            hi = v > hi ? v : hi;
-            sum += (__int128)v * (__int128)h->count[c];
-        }
-        finish_int(lo, hi, sum * repeat, numel, out);
-        return;
-    }
-    float_acc a = {INFINITY, -INFINITY, 0.0, 0, 0};
-    for (int c = 0; c < 256; c++) {
-        if (!h->count[c])
-            continue;
-        float v = decode_float8(dtype, (uint8_t)c);
-        int64_t k = (int64_t)h->count[c];
-        if (isnan(v)) {
-            a.nan += k;
-            continue;
-        }
-        a.inf += isinf(v) ? k : 0;
-        a.min = v < a.min ? v : a.min;
-        a.max = v > a.max ? v : a.max;
-        a.sum += (double)v * (double)k;
-    }
-    finish_float(&a, numel, repeat, out);
-}
-
-static int dtype_has_stats(fi_dtype dtype)
-{
-    switch (dtype) {
-    case FI_DTYPE_UNKNOWN:
-    case FI_DTYPE_FP4X2:
-    case FI_DTYPE_C32:
-    case FI_DTYPE_C64:
-    case FI_DTYPE_C128:
-    case FI_DTYPE_COUNT:
-        return 0;
-    default:
-        return 1;
-    }
-}
-
-int fi_stats_compute(const fi_tensor *t, fi_stats *out)
-{
-    memset(out, 0, sizeof(*out));
-    out->kind = FI_STATS_NONE;
-    int64_t esize = (int64_t)fi_dtype_size(t->dtype);
-    stats_layout L;
-    int64_t numel;
-    if (layout_from_tensor(t, esize ? esize : 1, &L, &numel) < 0)
-        return -1;
-    out->numel = numel;
-    if (numel == 0 || !dtype_has_stats(t->dtype))
-        return 0;
-    float_acc fa = {INFINITY, -INFINITY, 0.0, 0, 0};
-    int_acc ia = {0, INT64_MAX, INT64_MIN};
-    switch (t->dtype) {
-    case FI_DTYPE_F64:
-    case FI_DTYPE_F32:
-    case FI_DTYPE_F16:
-    case FI_DTYPE_BF16:
-        layout_walk(&L,
-                    t->dtype == FI_DTYPE_F64   ? row_f64
-                    : t->dtype == FI_DTYPE_F32 ? row_f32
-                    : t->dtype == FI_DTYPE_F16 ? row_f16
-                                               : row_bf16,
-                    &fa);
-        finish_float(&fa, numel, L.repeat, out);
-        return 0;
-    case FI_DTYPE_I16:
-    case FI_DTYPE_U16:
-    case FI_DTYPE_I32:
-    case FI_DTYPE_U32:
-    case FI_DTYPE_I64:
-        layout_walk(&L,
-                    t->dtype == FI_DTYPE_I16   ? row_i16
-                    : t->dtype == FI_DTYPE_U16 ? row_u16
-                    : t->dtype == FI_DTYPE_I32 ? row_i32
-                    : t->dtype == FI_DTYPE_U32 ? row_u32
-                                               : row_i64,
-                    &ia);
-        finish_int(ia.min, ia.max, ia.sum * L.repeat, numel, out);
-        return 0;
-    case FI_DTYPE_U64: {
-        uint64_acc ua = {0, UINT64_MAX, 0};
-        layout_walk(&L, row_u64, &ua);
-        out->kind = FI_STATS_INT;
-        out->is_unsigned64 = 1;
-        out->umin = ua.min;
-        out->umax = ua.max;
-        out->min = (double)ua.min;
-        out->max = (double)ua.max;
-        out->mean = (double)(ua.sum * (unsigned __int128)L.repeat) / (double)numel;
-        return 0;
-    }
-    default: {
-        byte_hist h;
-        memset(&h, 0, sizeof(h));
-        layout_walk(&L, row_bytes, &h);
-        finish_hist(&h, t->dtype, numel, L.repeat, out);
-        return 0;
-    }
-    }
-}
 
 /* ---- torch.Tensor glue -------------------------------------------------------------- */
 
@@ -762,16 +74,7 @@ static int float_stats_with_torch_ops(PyObject *tensor, fi_dtype dtype, fi_stats
         if (r[i] == -1.0 && PyErr_Occurred())
             goto done;
     }
-    out->kind = FI_STATS_FLOAT;
-    out->nan_count = (int64_t)r[3];
-    out->inf_count = (int64_t)r[4];
-    if (out->nan_count == out->numel) {
-        out->min = out->max = out->mean = NAN;
-    } else {
-        out->min = r[0];
-        out->max = r[1];
-        out->mean = r[2] / (double)(out->numel - out->nan_count);
-    }
+    fi_stats_from_sums(out, out->numel, r[0], r[1], r[2], (int64_t)r[3], (int64_t)r[4]);
     rc = 0;
 done:
     Py_XDECREF(list);
@@ -837,7 +140,7 @@ static int stats_with_torch_ops(PyObject *tensor, fi_dtype dtype, int64_t numel,
 {
     memset(out, 0, sizeof(*out));
     out->numel = numel;
-    if (numel == 0 || !dtype_has_stats(dtype))
+    if (numel == 0 || !fi_dtype_has_stats(dtype))
         return 0;
     int rc = is_float_dtype(dtype) ? float_stats_with_torch_ops(tensor, dtype, out)
                                    : int_stats_with_torch_ops(tensor, dtype, out);
@@ -877,17 +180,33 @@ static int attr_truth(PyObject *obj, const char *name)
     return truth;
 }
 
-/* Reads statistics of a CPU tensor in place; a tensor with the negative bit set (the
- * imaginary part of a conjugate view) stores values whose negation it stands for. */
+/* Float statistics read from memory are those of the stored values; a tensor with the
+ * negative bit set (the imaginary part of a conjugate view) stands for their negation. */
+static int apply_neg_bit(PyObject *tensor, fi_stats *out)
+{
+    if (out->kind != FI_STATS_FLOAT)
+        return 0;
+    int neg = call_truth(tensor, "is_neg");
+    if (neg <= 0)
+        return neg;
+    double lo = out->min;
+    out->min = -out->max;
+    out->max = -lo;
+    out->mean = 0.0 - out->mean; /* a zero mean stays +0, as torch's sum starts from +0 */
+    return 0;
+}
+
+/* Reads statistics of a CPU tensor in place. */
 static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *out)
 {
     int64_t numel = fi_tensor_numel(t);
     int rc;
     if (numel > 0 && numel >= STATS_NOGIL_BYTES / (int64_t)fi_dtype_size(t->dtype)) {
-        Py_BEGIN_ALLOW_THREADS rc = fi_stats_compute(t, out);
+        Py_BEGIN_ALLOW_THREADS
+        rc = fi_stats_cpu(t, out);
         Py_END_ALLOW_THREADS
     } else {
-        rc = fi_stats_compute(t, out);
+        rc = fi_stats_cpu(t, out);
     }
     if (rc < 0) {
         PyErr_Format(PyExc_ValueError,
@@ -896,18 +215,7 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
                      fi_dtype_name(t->dtype), t->ndim);
         return -1;
     }
-    if (out->kind != FI_STATS_FLOAT)
-        return 0;
-    int neg = call_truth(tensor, "is_neg");
-    if (neg < 0)
-        return -1;
-    if (neg) {
-        double lo = out->min;
-        out->min = -out->max;
-        out->max = -lo;
-        out->mean = -out->mean;
-    }
-    return 0;
+    return apply_neg_bit(tensor, out);
 }
 
 #ifdef FI_WITH_CUDA
@@ -957,32 +265,15 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
         return 0;
     double r[5];
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_stats_cuda(t, stream, r);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_stats_cuda(t, stream, r);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "%s", fi_cuda_last_error());
         return -1;
     }
-    out->kind = FI_STATS_FLOAT;
-    out->nan_count = (int64_t)r[3];
-    out->inf_count = (int64_t)r[4];
-    if (out->nan_count == out->numel) {
-        out->min = out->max = out->mean = NAN;
-        return 0;
-    }
-    out->min = r[0];
-    out->max = r[1];
-    out->mean = r[2] / (double)(out->numel - out->nan_count);
-    int neg = call_truth(tensor, "is_neg");
-    if (neg < 0)
-        return -1;
-    if (neg) {
-        double lo = out->min;
-        out->min = -out->max;
-        out->max = -lo;
-        out->mean = -out->mean;
-    }
-    return 0;
+    fi_stats_from_sums(out, out->numel, r[0], r[1], r[2], (int64_t)r[3], (int64_t)r[4]);
+    return apply_neg_bit(tensor, out);
 }
 #endif
 
@@ -991,7 +282,7 @@ static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats *out)
 {
     const fi_tensor t = *tp;
     fi_dtype dtype = t.dtype;
-    if (!dtype_has_stats(dtype))
+    if (!fi_dtype_has_stats(dtype))
         return 0;
     if (t.device_type == FI_DEVICE_CPU)
         return stats_of_cpu_tensor(tensor, &t, out);
@@ -1030,7 +321,7 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
         return -1;
     fi_dtype dtype = fi_dtype_from_py(dt);
     Py_DECREF(dt);
-    if (!dtype_has_stats(dtype))
+    if (!fi_dtype_has_stats(dtype))
         return 0;
     fi_tensor t;
     if (fi_tensor_from_py(tensor, &t) < 0)

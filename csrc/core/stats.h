@@ -1,5 +1,5 @@
-/* stats.h: level-5 tensor statistics (min, max, mean, NaN and Inf counts) computed in
- * one pass over CPU tensor memory, any dtype torch has and any strides. */
+/* stats.h: level-5 tensor statistics (min, max, mean, NaN and Inf counts) of a
+ * torch.Tensor on any device, and their log text. The kernels: flashinfer_kernels.h. */
 #ifndef FI_STATS_H
 #define FI_STATS_H
 
@@ -9,40 +9,15 @@
 #include "flashinfer_kernels.h"
 #include "strbuf.h"
 
-typedef enum {
-    FI_STATS_NONE = 0,        /* empty tensor or a dtype without statistics */
-    FI_STATS_FLOAT,           /* every floating dtype, float8 kinds included */
-    FI_STATS_INT,             /* integers and bool (bool as 0/1) */
-    FI_STATS_SKIPPED_CAPTURE, /* CUDA tensor while its stream captures a graph */
-    FI_STATS_DEFERRED,        /* captured: a kernel prints them on each replay (id) */
-} fi_stats_kind;
-
-typedef struct {
-    fi_stats_kind kind;
-    double min, max, mean;        /* float kinds (ints too, rounded); NaN when all are NaN */
-    int64_t nan_count, inf_count; /* float kinds */
-    /* integer/bool kinds: exact extremes; uint64 tensors use umin/umax (is_unsigned64 set) */
-    int64_t imin, imax;
-    uint64_t umin, umax;
-    int is_unsigned64;
-    int64_t numel;
-    long long deferred_id; /* FI_STATS_DEFERRED: the id the device printf line carries */
-    fi_dtype dtype;        /* the tensor's dtype (fi_stats_of_tensor; FI_STATS_DEFERRED) */
-} fi_stats;
-
-/* One pass over CPU memory described by t (any strides, 0 and negative included);
- * needs neither the GIL nor Python. Dtypes without statistics and empty tensors give
- * kind FI_STATS_NONE. Returns -1 (out->kind NONE) when t's shape or strides are invalid. */
-int fi_stats_compute(const fi_tensor *t, fi_stats *out);
-
-/* Statistics of a torch.Tensor. CPU: fi_stats_compute, the GIL released for large
+/* Statistics of a torch.Tensor. CPU: fi_stats_cpu, the GIL released for large
  * tensors. CUDA, built with the CUDA kernels and a float dtype they handle (f32, f16,
  * bf16, f64, e4m3fn, e5m2): the statistics kernel on the current stream (one
  * device-to-host copy); while the stream captures a graph, a capture-safe kernel that
  * prints "[flashinfer stats] id=N ..." on every replay is enqueued instead and the kind
- * is FI_STATS_DEFERRED with that id. Other CUDA dtypes: FI_STATS_SKIPPED_CAPTURE while
- * capturing (no synchronisation), otherwise torch ops on the device. Returns -1 with a
- * Python exception set on failure. */
+ * is FI_STATS_DEFERRED with that id. Other CUDA dtypes (every one when the CUDA kernels
+ * are not built): FI_STATS_SKIPPED_CAPTURE while capturing (no synchronisation), otherwise
+ * torch ops on the device. Other devices: torch ops (meta tensors: FI_STATS_NONE).
+ * Returns -1 with a Python exception set on failure. */
 int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
 
 /* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces

@@ -32,7 +32,8 @@ typedef struct {
 } param_info;
 
 typedef struct {
-    PyObject_HEAD PyObject *func;
+    PyObject_HEAD
+    PyObject *func;
     fi_logger *logger;
     PyObject *dict;
     PyObject *weakrefs;
@@ -46,7 +47,8 @@ typedef struct {
 } fi_wrapper;
 
 typedef struct {
-    PyObject_HEAD fi_wrapper *wrapper;
+    PyObject_HEAD
+    fi_wrapper *wrapper;
     PyObject *self;
     vectorcallfunc vectorcall;
 } fi_bound;

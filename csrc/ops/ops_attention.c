@@ -395,10 +395,10 @@ static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
             goto done;
         }
         int rc;
-        Py_BEGIN_ALLOW_THREADS rc =
-            fi_cuda_copy_to_host(host[i], idx[i]->t.data, count * sizeof(int32_t), device, stream);
-        Py_END_ALLOW_THREADS if (rc != 0)
-        {
+        Py_BEGIN_ALLOW_THREADS
+        rc = fi_cuda_copy_to_host(host[i], idx[i]->t.data, count * sizeof(int32_t), device, stream);
+        Py_END_ALLOW_THREADS
+        if (rc != 0) {
             PyErr_Format(PyExc_RuntimeError, "attention: reading %s: %s", idx[i]->name,
                          fi_cuda_last_error());
             goto done;
@@ -428,9 +428,10 @@ static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
     p.kv_last_page_len = device_data[3];
     p.mask_indptr = device_data[4];
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cuda(&p, stream);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cuda(&p, stream);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         PyErr_Format(PyExc_RuntimeError, "attention: %s", fi_cuda_last_error());
         goto done;
     }
@@ -544,8 +545,11 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
         return NULL;
     int num_threads = s.num_threads < 1 ? 1 : s.num_threads;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_attention_cpu(&p, num_threads);
-    Py_END_ALLOW_THREADS if (rc < 0) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_attention_cpu(&p, num_threads);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 

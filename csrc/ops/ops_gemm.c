@@ -103,12 +103,14 @@ static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, fi_arg *ws, co
     }
     int rc = 0, lt_done = 0;
     const char *why = "not tried";
-    Py_BEGIN_ALLOW_THREADS if (backend != BMM_NATIVE) lt_done =
-        fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (backend != BMM_NATIVE)
+        lt_done = fi_gemm_fp8_cublaslt(p, lib_dir, ws_data, ws_bytes, &why) == 0;
     if (!lt_done && backend != BMM_CUBLASLT_ONLY)
         rc = fi_gemm_fp8_cuda(p);
-    Py_END_ALLOW_THREADS if (!lt_done && backend == BMM_CUBLASLT_ONLY) return PyErr_Format(
-        PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
+    Py_END_ALLOW_THREADS
+    if (!lt_done && backend == BMM_CUBLASLT_ONLY)
+        return PyErr_Format(PyExc_RuntimeError, "bmm_fp8: cuBLASLt did not run: %s", why);
     return kernel_result(rc, "bmm_fp8");
 #else
     (void)p, (void)backend, (void)ws, (void)lib_dir, (void)out;
@@ -178,8 +180,10 @@ static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
     if (on_cuda(&A.t))
         return bmm_fp8_cuda(&p, backend, &ws, lib_dir, &out);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = fi_gemm_fp8_cpu(&p);
-    Py_END_ALLOW_THREADS return kernel_result(rc, "bmm_fp8");
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_gemm_fp8_cpu(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "bmm_fp8");
 }
 
 PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\n"
@@ -232,8 +236,10 @@ static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
     p.out.shape[0] = 1, p.out.shape[1] = out.t.shape[0], p.out.shape[2] = out.t.shape[1];
     p.stream = (void *)(uintptr_t)stream;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run_gemm_fp8(&p);
-    Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp8");
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_gemm_fp8(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "mm_fp8");
 }
 
 static int check_layout(int layout)
@@ -307,8 +313,10 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
                                 .num_threads = num_threads,
                                 .stream = (void *)(uintptr_t)stream};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run_fp4_quantize(&p);
-    Py_END_ALLOW_THREADS return kernel_result(rc, "fp4_quantize");
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_fp4_quantize(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "fp4_quantize");
 }
 
 PyDoc_STRVAR(mm_fp4_doc,
@@ -384,8 +392,10 @@ static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
                             .num_threads = num_threads,
                             .stream = (void *)(uintptr_t)stream};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = run_gemm_fp4(&p);
-    Py_END_ALLOW_THREADS return kernel_result(rc, "mm_fp4");
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_gemm_fp4(&p);
+    Py_END_ALLOW_THREADS
+    return kernel_result(rc, "mm_fp4");
 }
 
 PyDoc_STRVAR(cublaslt_library_doc,
@@ -402,8 +412,11 @@ static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
         return NULL;
 #ifdef FI_WITH_CUDA
     const char *name;
-    Py_BEGIN_ALLOW_THREADS name = fi_cublaslt_library(lib_dir);
-    Py_END_ALLOW_THREADS if (name) return PyUnicode_DecodeFSDefault(name);
+    Py_BEGIN_ALLOW_THREADS
+    name = fi_cublaslt_library(lib_dir);
+    Py_END_ALLOW_THREADS
+    if (name)
+        return PyUnicode_DecodeFSDefault(name);
 #endif
     Py_RETURN_NONE;
 }

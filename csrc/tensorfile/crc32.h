@@ -1,5 +1,5 @@
-/* crc32.h: CRC-32 (zip/IEEE polynomial), slicing-by-8, for the zip records we write
- * and check. */
+/* crc32.h: CRC-32 (zip/IEEE polynomial) for the zip records we write and check: zlib's
+ * crc32 when libz.so.1 loads, else our slicing-by-8 tables. */
 #ifndef FI_CRC32_H
 #define FI_CRC32_H
 

@@ -4,7 +4,7 @@
 #define FI_PICKLE_H
 
 #include "strbuf.h"
-#include "tensorio.h"
+#include "tensorbytes.h"
 
 /* Appends data.pkl for tensors ts[i] stored in records data/<i>, storage offset 0. */
 int fi_pickle_write_tensors(fi_buf *b, const fi_saved_tensor *ts, size_t n);

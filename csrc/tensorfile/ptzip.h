@@ -3,7 +3,7 @@
 #ifndef FI_PTZIP_H
 #define FI_PTZIP_H
 
-#include "tensorio.h"
+#include "tensorbytes.h"
 
 /* Writes the whole archive: data.pkl (pickle[0..pickle_len)), the version records and
  * one record per tensor with the bytes its view spans. Runs without the GIL; returns

@@ -34,17 +34,6 @@ static const char *const st_codes[FI_DTYPE_COUNT] = {
     [FI_DTYPE_C64] = "C64",
 };
 
-static int is_contiguous(const fi_tensor *t)
-{
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        if (t->shape[i] != 1 && t->stride[i] != expect)
-            return 0;
-        expect *= t->shape[i];
-    }
-    return 1;
-}
-
 static void put_int_list(fi_buf *b, const int64_t *v, int n)
 {
     fi_buf_putc(b, '[');
@@ -156,7 +145,7 @@ int fi_safetensors_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const c
         const fi_saved_tensor *s = &ts[i];
         if (s->nbytes == 0)
             continue;
-        if (is_contiguous(&s->t)) {
+        if (fi_tensor_is_contiguous(&s->t)) {
             if (fi_out_write(o, s->t.data, s->nbytes) < 0)
                 break;
             continue;

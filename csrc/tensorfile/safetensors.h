@@ -4,7 +4,7 @@
 #define FI_SAFETENSORS_H
 
 #include "strbuf.h"
-#include "tensorio.h"
+#include "tensorbytes.h"
 
 /* Builds the JSON header (padded with spaces to 8 bytes). With the GIL: raises
  * ValueError naming the tensor when safetensors has no code for its dtype. */

@@ -1,4 +1,5 @@
-/* strbuf.c: growable byte buffer with an inline first block. */
+/* strbuf.c: a growable byte buffer with an inline first block. A failed allocation sets
+ * oom and later appends are ignored, so a caller checks once, after building a record. */
 #include "strbuf.h"
 
 #include <stdio.h>

@@ -7,25 +7,6 @@
 #include "fi_numeric.h"
 #include "gemm_tiled.h"
 
-/* UE8M0 code of the smallest power of two >= v (round toward +inf, as the MX
- * quantizers do), saturating at 2^127; 0 for v <= 2^-127, 0xff for NaN. */
-static uint8_t f32_to_ue8m0_ceil(float v)
-{
-    if (isnan(v))
-        return 0xff;
-    if (!(v > ldexpf(1.0f, -127)))
-        return 0;
-    uint32_t bits = fi_f32_bits(v);
-    uint32_t e = bits >> 23, m = bits & 0x7fffffu;
-    if (e == 0xff)
-        return 0xfe;
-    if (e == 0) /* subnormal above 2^-127 */
-        return 1;
-    if (m != 0)
-        e += 1;
-    return (uint8_t)(e > 0xfe ? 0xfe : e);
-}
-
 static float ue8m0_to_f32(uint8_t code) { return fi_e8m0fnu_to_f32(code); }
 
 static float load_f32(const fi_tensor *x, const char *row, int64_t col)
@@ -66,7 +47,7 @@ static void quantize_row(const fi_fp4_quantize_params *p, float gsf, int64_t r)
         uint8_t code;
         float sf;
         if (p->sf_ue8m0) {
-            code = f32_to_ue8m0_ceil(sf_value);
+            code = fi_f32_to_ue8m0_ceil(sf_value);
             sf = code == 0 && !(sf_value > 0.0f) ? 0.0f : ue8m0_to_f32(code);
         } else {
             code = fi_f32_to_e4m3fn(sf_value);

@@ -263,8 +263,9 @@ static void run_tile(shared_state *st, int64_t t, scratch *s)
 /* acc[r][e] += sum over kk = e (mod LANES), kk < kp, of a[r][kk] * b[kk], for r < m;
  * kp is a multiple of LANES. Four rows at a time; a group short of four repeats its first
  * row and drops the extra sums. */
-typedef void (*small_dot_fn)(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
-                             float acc[][LANES]);
+typedef void small_dot_kernel(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
+                              float acc[][LANES]);
+typedef small_dot_kernel *small_dot_fn;
 
 static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda, const float *b,
                               float acc[][LANES])

@@ -47,36 +47,36 @@ enum {
     LT_PREF_MAX_WORKSPACE_BYTES = 1, /* uint64_t */
 };
 
-typedef int (*create_fn)(LtHandle *);
-typedef int (*desc_create_fn)(LtMatmulDesc *, int compute_type, int scale_type);
-typedef int (*desc_destroy_fn)(LtMatmulDesc);
-typedef int (*desc_set_fn)(LtMatmulDesc, int attr, const void *buf, size_t size);
-typedef int (*layout_create_fn)(LtLayout *, int type, uint64_t rows, uint64_t cols, int64_t ld);
-typedef int (*layout_destroy_fn)(LtLayout);
-typedef int (*layout_set_fn)(LtLayout, int attr, const void *buf, size_t size);
-typedef int (*pref_create_fn)(LtPreference *);
-typedef int (*pref_destroy_fn)(LtPreference);
-typedef int (*pref_set_fn)(LtPreference, int attr, const void *buf, size_t size);
-typedef int (*heuristic_fn)(LtHandle, LtMatmulDesc, LtLayout, LtLayout, LtLayout, LtLayout,
-                            LtPreference, int requested, LtHeuristic *results, int *returned);
-typedef int (*matmul_fn)(LtHandle, LtMatmulDesc, const void *alpha, const void *A, LtLayout,
-                         const void *B, LtLayout, const void *beta, const void *C, LtLayout,
-                         void *D, LtLayout, const LtAlgo *algo, void *workspace,
-                         size_t workspace_bytes, cudaStream_t stream);
+typedef int create_fn(LtHandle *);
+typedef int desc_create_fn(LtMatmulDesc *, int compute_type, int scale_type);
+typedef int desc_destroy_fn(LtMatmulDesc);
+typedef int desc_set_fn(LtMatmulDesc, int attr, const void *buf, size_t size);
+typedef int layout_create_fn(LtLayout *, int type, uint64_t rows, uint64_t cols, int64_t ld);
+typedef int layout_destroy_fn(LtLayout);
+typedef int layout_set_fn(LtLayout, int attr, const void *buf, size_t size);
+typedef int pref_create_fn(LtPreference *);
+typedef int pref_destroy_fn(LtPreference);
+typedef int pref_set_fn(LtPreference, int attr, const void *buf, size_t size);
+typedef int heuristic_fn(LtHandle, LtMatmulDesc, LtLayout, LtLayout, LtLayout, LtLayout,
+                         LtPreference, int requested, LtHeuristic *results, int *returned);
+typedef int matmul_fn(LtHandle, LtMatmulDesc, const void *alpha, const void *A, LtLayout,
+                      const void *B, LtLayout, const void *beta, const void *C, LtLayout, void *D,
+                      LtLayout, const LtAlgo *algo, void *workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
 
 struct LtApi {
-    create_fn create;
-    desc_create_fn desc_create;
-    desc_destroy_fn desc_destroy;
-    desc_set_fn desc_set;
-    layout_create_fn layout_create;
-    layout_destroy_fn layout_destroy;
-    layout_set_fn layout_set;
-    pref_create_fn pref_create;
-    pref_destroy_fn pref_destroy;
-    pref_set_fn pref_set;
-    heuristic_fn heuristic;
-    matmul_fn matmul;
+    create_fn *create;
+    desc_create_fn *desc_create;
+    desc_destroy_fn *desc_destroy;
+    desc_set_fn *desc_set;
+    layout_create_fn *layout_create;
+    layout_destroy_fn *layout_destroy;
+    layout_set_fn *layout_set;
+    pref_create_fn *pref_create;
+    pref_destroy_fn *pref_destroy;
+    pref_set_fn *pref_set;
+    heuristic_fn *heuristic;
+    matmul_fn *matmul;
 };
 
 /* Cache of the library (loaded once, never unloaded) and of one handle per device, both

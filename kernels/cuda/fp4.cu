@@ -15,35 +15,6 @@
 namespace
 {
 
-/* fi_sf_offset (flashinfer_kernels.h) for the device: the same formula. */
-__device__ __forceinline__ int64_t sf_offset(int64_t r, int64_t c, int64_t cols, int layout)
-{
-    int64_t ktiles = (cols + 3) / 4;
-    if (layout == FI_SF_LAYOUT_128X4)
-        return ((r / 128) * ktiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
-    if (layout == FI_SF_LAYOUT_8X4)
-        return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
-    return r * cols + c;
-}
-
-/* f32_to_ue8m0_ceil of kernels/cpu/fp4.c, line for line. */
-__device__ __forceinline__ uint8_t f32_to_ue8m0_ceil(float v)
-{
-    if (isnan(v))
-        return 0xff;
-    if (!(v > ldexpf(1.0f, -127)))
-        return 0;
-    uint32_t bits = fi_f32_bits(v);
-    uint32_t e = bits >> 23, m = bits & 0x7fffffu;
-    if (e == 0xff)
-        return 0xfe;
-    if (e == 0)
-        return 1;
-    if (m != 0)
-        e += 1;
-    return (uint8_t)(e > 0xfe ? 0xfe : e);
-}
-
 __device__ __forceinline__ float load_f32(const void *data, int dtype, int64_t at)
 {
     if (dtype == FI_DTYPE_F16)
@@ -67,7 +38,8 @@ struct QuantArgs {
     int64_t m, k, s_row, s_col; /* strides in elements */
     uint8_t *x_q, *sf;
     const float *global_scale;
-    int inversed, sv, ue8m0, layout;
+    int inversed, sv, ue8m0;
+    fi_sf_layout layout;
 };
 
 /* One thread per (row, block), doing what quantize_row in kernels/cpu/fp4.c does for
@@ -92,13 +64,13 @@ __global__ void fp4_quantize_kernel(QuantArgs q)
         uint8_t code;
         float sf;
         if (q.ue8m0) {
-            code = f32_to_ue8m0_ceil(sf_value);
+            code = fi_f32_to_ue8m0_ceil(sf_value);
             sf = code == 0 && !(sf_value > 0.0f) ? 0.0f : fi_e8m0fnu_to_f32(code);
         } else {
             code = fi_f32_to_e4m3fn(sf_value);
             sf = fi_e4m3fn_to_f32(code);
         }
-        q.sf[sf_offset(r, c, blocks, q.layout)] = code;
+        q.sf[fi_sf_offset(r, c, blocks, q.layout)] = code;
         float scale = sf == 0.0f ? 0.0f : gsf / sf;
         uint8_t *dst = q.x_q + r * (q.k / 2) + c * sv / 2;
         for (int64_t e = 0; e < sv; e += 2) {
@@ -111,12 +83,13 @@ __global__ void fp4_quantize_kernel(QuantArgs q)
 
 /* One packed fp4 operand seen as rows x k: a's rows are its m rows, b's rows are the n
  * weight rows (its columns). Byte p (elements 2p, 2p+1) of row r is at r * s_row + p * s_k;
- * the scale of (r, block c) at sf[sf_offset(r, c, kblocks, layout)]. vec: s_k == 1 and
+ * the scale of (r, block c) at sf[fi_sf_offset(r, c, kblocks, layout)]. vec: s_k == 1 and
  * every 8-byte group is 8-byte aligned. */
 struct Fp4Operand {
     const uint8_t *data, *sf;
     int64_t rows, s_row, s_k;
-    int vec, layout; /* layout: of this operand's scales */
+    int vec;
+    fi_sf_layout layout; /* of this operand's scales */
 };
 
 struct Fp4Loader {
@@ -144,7 +117,7 @@ struct Fp4Loader {
             for (int e = 0; e < 8; e++)
                 w[e >> 2] |= (uint32_t)base[(kg / 2 + e) * op.s_k] << ((e & 3) * 8);
         }
-        uint8_t code = op.sf[sf_offset(row, kg / block_size, kblocks, op.layout)];
+        uint8_t code = op.sf[fi_sf_offset(row, kg / block_size, kblocks, op.layout)];
         s = ue8m0 ? fi_e8m0fnu_to_f32(code) : fi_e4m3fn_to_f32(code);
     }
 
@@ -220,7 +193,7 @@ extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
                    p->global_scale_inversed,
                    p->sf_vec_size,
                    p->sf_ue8m0,
-                   (int)p->sf_layout};
+                   p->sf_layout};
     int64_t blocks = (total + 255) / 256;
     fp4_quantize_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(q);
     cudaError_t err = cudaGetLastError();
@@ -235,10 +208,10 @@ extern "C" int fi_gemm_fp4_cuda(const fi_gemm_fp4_params *p)
     if ((n + fi_wmma::BN - 1) / fi_wmma::BN > 0x7fffffff)
         return fi_cuda_fail("fp4 GEMM: n too large for the grid", cudaSuccess);
     Fp4Loader ld;
-    ld.a = {(const uint8_t *)p->a.data, p->a_sf, m, p->a.stride[0], p->a.stride[1], 0,
-            (int)p->sf_layout};
-    ld.b = {(const uint8_t *)p->b.data, p->b_sf, n, p->b.stride[1], p->b.stride[0], 0,
-            (int)p->b_sf_layout};
+    ld.a = {
+        (const uint8_t *)p->a.data, p->a_sf, m, p->a.stride[0], p->a.stride[1], 0, p->sf_layout};
+    ld.b = {
+        (const uint8_t *)p->b.data, p->b_sf, n, p->b.stride[1], p->b.stride[0], 0, p->b_sf_layout};
     ld.a.vec = ld.a.s_k == 1 && ((uintptr_t)ld.a.data & 7) == 0 && ld.a.s_row % 8 == 0;
     ld.b.vec = ld.b.s_k == 1 && ((uintptr_t)ld.b.data & 7) == 0 && ld.b.s_row % 8 == 0;
     ld.k = k;

@@ -1,11 +1,13 @@
-/* fi_numeric.h: scalar conversions between float32 and the narrow float formats
- * (fp16, bf16, the float8 kinds, E2M1), bit-exact to torch's own conversions. */
+/* fi_numeric.h: scalar conversions between float32 and the narrow float formats (fp16,
+ * bf16, float8, E2M1, UE8M0) bit-exact to torch's, and where fp4 block scales are stored. */
 #ifndef FI_NUMERIC_H
 #define FI_NUMERIC_H
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "flashinfer_kernels.h"
 
 /* nvcc compiles these for the CUDA kernels too (the same rounding on host and device). */
 #ifdef __CUDACC__
@@ -219,6 +221,37 @@ FI_NUMERIC_FN uint8_t fi_f32_to_e2m1(float f)
     else
         code = 7;
     return (uint8_t)(sign | code);
+}
+
+/* UE8M0 code of the smallest power of two >= v (round toward +inf, as the MX
+ * quantizers do), saturating at 2^127; 0 for v <= 2^-127, 0xff for NaN. */
+FI_NUMERIC_FN uint8_t fi_f32_to_ue8m0_ceil(float v)
+{
+    if (isnan(v))
+        return 0xff;
+    if (!(v > ldexpf(1.0f, -127)))
+        return 0;
+    uint32_t bits = fi_f32_bits(v);
+    uint32_t e = bits >> 23, m = bits & 0x7fffffu;
+    if (e == 0xff)
+        return 0xfe;
+    if (e == 0) /* subnormal above 2^-127 */
+        return 1;
+    if (m != 0)
+        e += 1;
+    return (uint8_t)(e > 0xfe ? 0xfe : e);
+}
+
+/* Byte offset of the scale of (row r, block c) in a matrix with cols blocks per row
+ * (fi_sf_bytes in flashinfer_kernels.h gives the whole matrix's size). */
+FI_NUMERIC_FN int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_layout layout)
+{
+    int64_t ktiles = (cols + 3) / 4;
+    if (layout == FI_SF_LAYOUT_128X4)
+        return ((r / 128) * ktiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+    if (layout == FI_SF_LAYOUT_8X4)
+        return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
+    return r * cols + c;
 }
 
 #endif

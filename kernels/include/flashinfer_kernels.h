@@ -122,7 +122,8 @@ typedef enum {
     FI_SF_LAYOUT_LINEAR = 2 /* [rows, cols] row-major */
 } fi_sf_layout;
 
-/* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included). */
+/* Bytes a scale matrix of rows x cols blocks takes in the given layout (padding included);
+ * fi_sf_offset (fi_numeric.h, host and device) places each scale in it. */
 static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layout)
 {
     int64_t cp = (cols + 3) / 4 * 4;
@@ -131,17 +132,6 @@ static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layou
     if (layout == FI_SF_LAYOUT_8X4)
         return (rows + 7) / 8 * 8 * cp;
     return rows * cols;
-}
-
-/* Byte offset of the scale of (row r, block c) in a matrix with cols blocks per row. */
-static inline int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_layout layout)
-{
-    int64_t ktiles = (cols + 3) / 4;
-    if (layout == FI_SF_LAYOUT_128X4)
-        return ((r / 128) * ktiles + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
-    if (layout == FI_SF_LAYOUT_8X4)
-        return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
-    return r * cols + c;
 }
 
 /* NVFP4 (sf_vec_size 16, E4M3 scales) or MXFP4 (sf_vec_size 32, UE8M0 scales) quantization
@@ -276,17 +266,49 @@ int fi_attention_cpu(const fi_attention_params *p, int num_threads);
  * the stream). Returns 0, or nonzero with fi_cuda_last_error() saying why. */
 int fi_attention_cuda(const fi_attention_params *p, void *stream);
 
-/* ---- CUDA helpers ----------------------------------------------------------------
- * Built only with the CUDA kernels (FI_WITH_CUDA). Functions return 0, or nonzero with
- * the reason in fi_cuda_last_error() (per host thread). */
+/* ---- Tensor statistics ------------------------------------------------------------
+ * Level-5 statistics: min, max, mean, NaN and Inf counts. The CPU kernel handles every
+ * dtype with statistics and any strides; the CUDA kernels (FI_WITH_CUDA) the float ones. */
 
-const char *fi_cuda_last_error(void);
+typedef enum {
+    FI_STATS_NONE = 0,        /* empty tensor or a dtype without statistics */
+    FI_STATS_FLOAT,           /* every floating dtype, float8 kinds included */
+    FI_STATS_INT,             /* integers and bool (bool as 0/1) */
+    FI_STATS_SKIPPED_CAPTURE, /* CUDA tensor while its stream captures a graph */
+    FI_STATS_DEFERRED,        /* captured: a kernel prints them on each replay (id) */
+} fi_stats_kind;
 
-/* *capturing = whether stream (on device) is capturing a CUDA graph. */
-int fi_cuda_stream_capturing(int device, void *stream, int *capturing);
+typedef struct {
+    fi_stats_kind kind;
+    double min, max, mean;        /* float kinds (ints too, rounded); NaN when all are NaN */
+    int64_t nan_count, inf_count; /* float kinds */
+    /* integer/bool kinds: exact extremes; uint64 tensors use umin/umax (is_unsigned64 set) */
+    int64_t imin, imax;
+    uint64_t umin, umax;
+    int is_unsigned64;
+    int64_t numel;
+    long long deferred_id; /* FI_STATS_DEFERRED: the id the device printf line carries */
+    fi_dtype dtype;        /* the tensor's dtype (fi_stats_of_tensor; FI_STATS_DEFERRED) */
+} fi_stats;
 
-/* Copies bytes from device memory to host memory in stream order and waits for it. */
-int fi_cuda_copy_to_host(void *dst, const void *src, size_t bytes, int device, void *stream);
+/* Whether dtype has statistics: all but complex, packed fp4 and unknown dtypes. */
+static inline int fi_dtype_has_stats(fi_dtype d)
+{
+    return d != FI_DTYPE_UNKNOWN && d != FI_DTYPE_FP4X2 && d != FI_DTYPE_C32 && d != FI_DTYPE_C64 &&
+           d != FI_DTYPE_C128 && d != FI_DTYPE_COUNT;
+}
+
+/* One pass over CPU memory described by t (any strides, 0 and negative included), float
+ * sums in float64; needs neither the GIL nor Python. Dtypes without statistics and empty
+ * tensors give kind FI_STATS_NONE. Returns -1 (out->kind NONE) when t's shape or strides
+ * are invalid. */
+int fi_stats_cpu(const fi_tensor *t, fi_stats *out);
+
+/* out (kind FI_STATS_FLOAT) from the reductions of a float tensor of numel elements: min,
+ * max and sum over its non-NaN values and its NaN and Inf counts; min, max and mean are
+ * NaN when every value is NaN. */
+void fi_stats_from_sums(fi_stats *out, int64_t numel, double min, double max, double sum,
+                        int64_t nan_count, int64_t inf_count);
 
 /* Statistics of a strided CUDA tensor (dtypes F32, F16, BF16, F64, E4M3FN, E5M2):
  * out = {min, max, sum, nan_count, inf_count}, min/max over non-NaN values (+inf/-inf
@@ -302,6 +324,18 @@ int fi_stats_cuda_supports(fi_dtype dtype);
  * max=... mean=... nan=... inf=..." (mean over the finite values), or "... (empty
  * tensor)" / "... (all non-finite) nan=... inf=..."; no allocation, no host wait. */
 int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
+
+/* ---- CUDA helpers ----------------------------------------------------------------
+ * Built only with the CUDA kernels (FI_WITH_CUDA). Functions return 0, or nonzero with
+ * the reason in fi_cuda_last_error() (per host thread). */
+
+const char *fi_cuda_last_error(void);
+
+/* *capturing = whether stream (on device) is capturing a CUDA graph. */
+int fi_cuda_stream_capturing(int device, void *stream, int *capturing);
+
+/* Copies bytes from device memory to host memory in stream order and waits for it. */
+int fi_cuda_copy_to_host(void *dst, const void *src, size_t bytes, int device, void *stream);
 
 #ifdef __cplusplus
 }

@@ -157,3 +157,78 @@ def test_graph_capture_of_int_tensor_keeps_skip_line(logmod, tmp_path):
     with torch.cuda.graph(g):
         f(x)
     assert "[statistics skipped: CUDA graph capture in progress]" in log.read_text()
+
+
+# CPU kernel against CUDA kernel on the same tensors. Both read every element exactly
+# into float64 and take min, max and the NaN/Inf counts exactly, so those must be equal.
+# Only the sums differ, in the order of the additions (lanes and rows on the CPU, a tree
+# on the GPU). Any order of summing n float64 values lands within (n - 1) * u * sum|x| of
+# the exact sum (u = 2**-53; Higham, Accuracy and Stability of Numerical Algorithms, 4.2),
+# and each side's division by the count adds at most u * |mean|, so the two means differ
+# by at most 2 * n * u * sum|x| / count.
+U = 2.0**-53
+
+VIEWS = {
+    "contiguous": lambda t: t,
+    "strided": lambda t: t[::3, 5:40:2],
+    "transposed": lambda t: t.t(),
+    "column": lambda t: t[:, 7],
+    "expanded": lambda t: t.unsqueeze(1).expand(64, 4, 48),
+    "reversed": lambda t: t.flip(0),
+}
+
+
+def mean_tolerance(t):
+    x = t.cpu().double()
+    x = x[~torch.isnan(x)]
+    return 2 * t.numel() * U * x.abs().sum().item() / max(x.numel(), 1)
+
+
+def assert_cpu_matches_cuda(t):
+    gpu = _C.tensor_stats(t)
+    cpu = _C.tensor_stats(t.cpu())
+    for k in ("min", "max", "nan_count", "inf_count"):
+        assert cpu[k] == gpu[k] or (cpu[k] != cpu[k] and gpu[k] != gpu[k]), (k, cpu, gpu)
+    if cpu["inf_count"] or cpu["nan_count"] == t.numel():
+        assert str(cpu["mean"]) == str(gpu["mean"])  # inf, -inf or nan on both
+    else:
+        assert abs(cpu["mean"] - gpu["mean"]) <= mean_tolerance(t), (cpu, gpu)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_cpu_and_cuda_statistics_agree(dtype, view):
+    torch.manual_seed(1)
+    base = (torch.randn(64, 48, device="cuda") * 7 + 3).to(dtype)
+    assert_cpu_matches_cuda(VIEWS[view](base))
+
+
+@pytest.mark.parametrize("dtype", FLOATS + FP8)
+def test_cpu_and_cuda_statistics_agree_with_nan_and_inf(dtype):
+    x = torch.randn(4099, device="cuda") * 100
+    x[5] = float("nan")
+    x[77] = float("inf")  # float8_e4m3fn has no Inf: it stores what .to() makes of it
+    x[4000] = float("nan")
+    t = x.to(dtype)
+    assert_cpu_matches_cuda(t)
+    assert_cpu_matches_cuda(t[:70])  # a NaN, no Inf
+    assert_cpu_matches_cuda(torch.full((9,), float("nan"), device="cuda").to(dtype))
+
+
+def test_cpu_and_cuda_statistics_agree_on_many_blocks():
+    torch.manual_seed(2)
+    assert_cpu_matches_cuda(torch.randn(1 << 21, device="cuda") * 1e3 + 1e6)
+
+
+def test_cpu_and_cuda_statistics_agree_on_negative_view():
+    z = torch.complex(torch.randn(300, device="cuda"), torch.randn(300, device="cuda"))
+    imag = z.conj().imag
+    assert imag.is_neg()
+    assert_cpu_matches_cuda(imag)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool])
+def test_cpu_and_cuda_statistics_agree_on_integers(dtype):
+    # integer sums are exact on both sides (CPU in 128 bits, torch in float64 below 2**53)
+    t = torch.randint(-100, 100, (1000,), device="cuda").to(dtype)
+    assert _C.tensor_stats(t) == _C.tensor_stats(t.cpu())

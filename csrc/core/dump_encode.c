@@ -1,0 +1,267 @@
+/* dump_encode.c: a call's arguments and result as SPEC 4.3 dump metadata, their tensors
+ * collected for the tensor files; the mirror of _decode in flashinfer_native/replay.py. */
+#include "dump_encode.h"
+
+#include <string.h>
+
+#include "format.h"
+#include "strbuf.h"
+#include "tensor.h"
+
+#define MAX_ITEMS 10000 /* list/tuple/dict items kept in a metadata record */
+#define REPR_LIMIT 1000
+
+int fi_dump_dict_set(PyObject *d, const char *key, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int r = PyDict_SetItemString(d, key, value);
+    Py_DECREF(value);
+    return r;
+}
+
+static PyObject *int_list(const int64_t *v, int n)
+{
+    PyObject *l = PyList_New(n);
+    for (int i = 0; l && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, x);
+    }
+    return l;
+}
+
+/* The text fi_tensor_put_dtype / fi_tensor_put_device write, as a str. */
+static PyObject *tensor_text(int (*put)(fi_buf *, PyObject *, const fi_tensor *), PyObject *tensor,
+                             const fi_tensor *t)
+{
+    fi_buf b;
+    fi_buf_init(&b);
+    PyObject *s = put(&b, tensor, t) < 0 ? NULL : PyUnicode_FromStringAndSize(b.data, b.len);
+    fi_buf_free(&b);
+    return s;
+}
+
+/* The tensor_details entry {shape, dtype, stride, device} of a tensor in a tensor file;
+ * nested, the metadata value standing for a tensor inside a container: also the type tag
+ * "torch.Tensor", requires_grad, is_contiguous and the tensor_key it is stored under. */
+static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, int nested, PyObject *key)
+{
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    if ((nested && fi_dump_dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0) ||
+        fi_dump_dict_set(d, "shape", int_list(t->shape, t->ndim)) < 0 ||
+        fi_dump_dict_set(d, "dtype", tensor_text(fi_tensor_put_dtype, tensor, t)) < 0 ||
+        fi_dump_dict_set(d, "stride", int_list(t->stride, t->ndim)) < 0 ||
+        fi_dump_dict_set(d, "device", tensor_text(fi_tensor_put_device, tensor, t)) < 0)
+        goto fail;
+    if (!nested)
+        return d;
+    PyObject *requires_grad = PyObject_GetAttr(tensor, fi_names.requires_grad);
+    if (fi_dump_dict_set(d, "requires_grad", requires_grad) < 0 ||
+        fi_dump_dict_set(d, "is_contiguous", PyBool_FromLong(fi_tensor_is_contiguous(t))) < 0 ||
+        fi_dump_dict_set(d, "tensor_key", Py_NewRef(key)) < 0)
+        goto fail;
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* Adds tensor to ts under key; *t gets its metadata, read once for every use. */
+static int collect_tensor(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, fi_tensor *t)
+{
+    if (fi_tensor_from_py(tensor, t) < 0)
+        return -1;
+    PyObject *details = tensor_meta(tensor, t, 0, key);
+    if (!details)
+        return -1;
+    int r = PyDict_SetItem(ts->details, key, details);
+    Py_DECREF(details);
+    if (r < 0 || PyDict_SetItem(ts->tensors, key, tensor) < 0 || PyList_Append(ts->keys, key) < 0)
+        return -1;
+    ts->bytes += (long long)(fi_tensor_numel(t) * (int64_t)fi_dtype_size(t->dtype));
+    ts->any_cuda |= t->device_type == FI_DEVICE_CUDA;
+    return 0;
+}
+
+static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key);
+
+static PyObject *typed(const char *type, const char *field, PyObject *value)
+{
+    if (!value)
+        return NULL;
+    PyObject *d = Py_BuildValue("{s:s,s:O}", "type", type, field, value);
+    Py_DECREF(value);
+    return d;
+}
+
+static PyObject *encode_repr(PyObject *v)
+{
+    PyObject *r = PyObject_Repr(v);
+    if (!r) {
+        PyErr_Clear();
+        r = PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(v)));
+    } else if (PyUnicode_GET_LENGTH(r) > REPR_LIMIT) {
+        Py_SETREF(r, PyUnicode_Substring(r, 0, REPR_LIMIT));
+    }
+    return typed(_PyType_Name(Py_TYPE(v)), "repr", r);
+}
+
+static PyObject *encode_enum(fi_dump_tensors *ts, PyObject *v, PyObject *key)
+{
+    PyObject *cls = (PyObject *)Py_TYPE(v);
+    PyObject *name = PyObject_GetAttrString(v, "name");
+    PyObject *raw = name ? PyObject_GetAttr(v, fi_names.value) : NULL;
+    PyObject *value = raw ? encode_value(ts, raw, key) : NULL;
+    PyObject *mod = value ? PyObject_GetAttr(cls, fi_names.module) : NULL;
+    PyObject *qn = mod ? PyObject_GetAttr(cls, fi_names.qualname) : NULL;
+    PyObject *out = NULL;
+    if (qn)
+        out = Py_BuildValue("{s:s,s:N,s:O,s:N}", "type", "enum", "name",
+                            PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name), "value",
+                            value, "class", PyUnicode_FromFormat("%S.%S", mod, qn));
+    Py_XDECREF(name);
+    Py_XDECREF(raw);
+    Py_XDECREF(value);
+    Py_XDECREF(mod);
+    Py_XDECREF(qn);
+    return out;
+}
+
+static PyObject *encode_container(fi_dump_tensors *ts, PyObject *v, PyObject *key)
+{
+    int is_dict = PyDict_Check(v);
+    const char *type = is_dict ? "dict" : PyList_Check(v) ? "list" : "tuple";
+    PyObject *seq = is_dict ? PyDict_Items(v) : PySequence_List(v);
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(seq), kept = n < MAX_ITEMS ? n : MAX_ITEMS;
+    PyObject *items = PyList_New(kept);
+    for (Py_ssize_t i = 0; items && i < kept; i++) {
+        PyObject *item = PyList_GET_ITEM(seq, i), *enc = NULL;
+        if (is_dict) {
+            PyObject *kk = PyUnicode_FromFormat("%S__key_%zd", key, i);
+            PyObject *vk = PyUnicode_FromFormat("%S__value_%zd", key, i);
+            PyObject *ke = kk ? encode_value(ts, PyTuple_GET_ITEM(item, 0), kk) : NULL;
+            PyObject *ve = (ke && vk) ? encode_value(ts, PyTuple_GET_ITEM(item, 1), vk) : NULL;
+            if (ve)
+                enc = Py_BuildValue("{s:O,s:O}", "key", ke, "value", ve);
+            Py_XDECREF(kk);
+            Py_XDECREF(vk);
+            Py_XDECREF(ke);
+            Py_XDECREF(ve);
+        } else {
+            PyObject *ik = PyUnicode_FromFormat("%S__%zd", key, i);
+            enc = ik ? encode_value(ts, item, ik) : NULL;
+            Py_XDECREF(ik);
+        }
+        if (!enc) {
+            Py_CLEAR(items);
+            break;
+        }
+        PyList_SET_ITEM(items, i, enc);
+    }
+    Py_DECREF(seq);
+    if (!items)
+        return NULL;
+    return Py_BuildValue("{s:s,s:n,s:N,s:O}", "type", type, "length", n, "items", items,
+                         "truncated", kept < n ? Py_True : Py_False);
+}
+
+/* The JSON-ready encoding of SPEC 4.3 for a non-top-level-tensor value; nested
+ * tensors are collected into ts under key-derived names. New reference. */
+static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key)
+{
+    if (v == Py_None || PyBool_Check(v) || PyUnicode_CheckExact(v) || PyFloat_CheckExact(v) ||
+        PyLong_CheckExact(v)) {
+        Py_INCREF(v);
+        return v;
+    }
+    if (fi_is_tensor(v)) {
+        fi_tensor t;
+        return collect_tensor(ts, key, v, &t) < 0 ? NULL : tensor_meta(v, &t, 1, key);
+    }
+    if (Py_EnterRecursiveCall(" while encoding dump metadata"))
+        return NULL;
+    PyObject *out;
+    if (PyObject_TypeCheck(v, (PyTypeObject *)fi_enum_type()))
+        out = encode_enum(ts, v, key);
+    else if (PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v))
+        out = encode_container(ts, v, key);
+    else if (fi_dtype_from_py(v) != FI_DTYPE_UNKNOWN ||
+             strcmp(Py_TYPE(v)->tp_name, "torch.dtype") == 0)
+        out = typed("torch.dtype", "value", PyObject_Str(v));
+    else if (strcmp(Py_TYPE(v)->tp_name, "torch.device") == 0)
+        out = typed("torch.device", "value", PyObject_Str(v));
+    else if (PyLong_Check(v) || PyFloat_Check(v))
+        out = PyLong_Check(v) ? PyNumber_Long(v) : PyNumber_Float(v);
+    else
+        out = encode_repr(v);
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+/* Puts value under key, which it steals (NULL: -1 with the exception set by whatever made
+ * it): top-level tensors go to the tensor file, the rest into meta. */
+static int add_value(fi_dump_tensors *ts, PyObject *meta, PyObject *key, PyObject *value)
+{
+    if (!key)
+        return -1;
+    fi_tensor t;
+    PyObject *enc = NULL;
+    int r = -1;
+    if (fi_is_tensor(value))
+        r = collect_tensor(ts, key, value, &t);
+    else if ((enc = encode_value(ts, value, key)))
+        r = PyDict_SetItem(meta, key, enc);
+    Py_XDECREF(enc);
+    Py_DECREF(key);
+    return r;
+}
+
+int fi_dump_tensors_init(fi_dump_tensors *ts)
+{
+    ts->tensors = PyDict_New();
+    ts->details = PyDict_New();
+    ts->keys = PyList_New(0);
+    ts->bytes = 0;
+    ts->any_cuda = 0;
+    return (ts->tensors && ts->details && ts->keys) ? 0 : -1;
+}
+
+void fi_dump_tensors_free(fi_dump_tensors *ts)
+{
+    Py_CLEAR(ts->tensors);
+    Py_CLEAR(ts->details);
+    Py_CLEAR(ts->keys);
+}
+
+int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
+        PyObject *key =
+            i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
+                      : PyUnicode_FromFormat("kwarg_%U", PyTuple_GET_ITEM(kwnames, i - nargs));
+        if (add_value(ts, meta, key, args[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int fi_dump_encode_outputs(fi_dump_tensors *ts, PyObject *meta, PyObject *result)
+{
+    if (!PyTuple_Check(result))
+        return add_value(ts, meta, PyUnicode_FromString("result"), result);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(result); i++)
+        if (add_value(ts, meta, PyUnicode_FromFormat("result_%zd", i),
+                      PyTuple_GET_ITEM(result, i)) < 0)
+            return -1;
+    return 0;
+}

@@ -1,0 +1,35 @@
+/* dump_encode.h: a call's arguments and result as the SPEC 4.3 metadata of a dump record,
+ * their tensors collected for the tensor files (flashinfer_native/replay.py decodes it). */
+#ifndef FI_DUMP_ENCODE_H
+#define FI_DUMP_ENCODE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* The tensors of one tensor file (inputs or outputs), gathered while encoding. */
+typedef struct {
+    PyObject *tensors; /* key -> tensor, for the tensor file */
+    PyObject *details; /* key -> tensor_details entry */
+    PyObject *keys;    /* list of tensor keys in order */
+    long long bytes;   /* nbytes of the tensors collected */
+    int any_cuda;      /* a CUDA tensor is among them */
+} fi_dump_tensors;
+
+/* Empty collections; -1 with an exception set. fi_dump_tensors_free releases them (also
+ * after a failed init). */
+int fi_dump_tensors_init(fi_dump_tensors *ts);
+void fi_dump_tensors_free(fi_dump_tensors *ts);
+
+/* input_metadata of a vectorcall (keys arg_N, kwarg_NAME) into meta; top-level tensors
+ * go to ts instead, nested ones to both. -1 with an exception set. */
+int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
+                          Py_ssize_t nargs, PyObject *kwnames);
+
+/* output_metadata of a result (key result, or result_N for a tuple) the same way. */
+int fi_dump_encode_outputs(fi_dump_tensors *ts, PyObject *meta, PyObject *result);
+
+/* d[key] = value, stealing value; -1 (exception set) when value is NULL or on failure,
+ * so a constructor's result can be passed straight in. */
+int fi_dump_dict_set(PyObject *d, const char *key, PyObject *value);
+
+#endif

@@ -1,0 +1,293 @@
+/* tensorbytes.c: the plumbing the tensor-file formats share: the staged output file they
+ * write through without the GIL, view sizes, and torch.Tensors over mapped file bytes. */
+#include "tensorbytes.h"
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tensor.h"
+
+/* ---- output file ---- */
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int fi_out_flush(fi_out *o)
+{
+    if (o->err)
+        return -1;
+    if (o->stage_len > 0) {
+        int e = write_all(o->fd, o->stage, o->stage_len);
+        o->stage_len = 0;
+        if (e) {
+            o->err = e;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int fi_out_write(fi_out *o, const void *p, size_t n)
+{
+    if (o->err)
+        return -1;
+    if (n > o->stage_cap - o->stage_len && fi_out_flush(o) < 0)
+        return -1;
+    if (n <= o->stage_cap - o->stage_len) {
+        memcpy(o->stage + o->stage_len, p, n);
+        o->stage_len += n;
+    } else {
+        int e = write_all(o->fd, p, n);
+        if (e) {
+            o->err = e;
+            return -1;
+        }
+    }
+    o->pos += n;
+    return 0;
+}
+
+int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at)
+{
+    const char *c = p;
+    while (!o->err && n > 0) {
+        ssize_t k = pwrite(o->fd, c, n, (off_t)at);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            o->err = k < 0 ? errno : EIO;
+            break;
+        }
+        c += k;
+        at += (uint64_t)k;
+        n -= (size_t)k;
+    }
+    return o->err ? -1 : 0;
+}
+
+/* ---- sizes ---- */
+
+int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim, const int64_t *shape,
+                  const int64_t *stride, uint64_t *nbytes, uint64_t *span_elems)
+{
+    uint64_t isz = fi_dtype_size(dtype), numel = 1, span = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || (stride && stride[i] < 0)) {
+            PyErr_Format(PyExc_ValueError, "%s: tensor %R has a negative size or stride", path,
+                         key);
+            return -1;
+        }
+        if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel))
+            goto overflow;
+    }
+    if (__builtin_mul_overflow(numel, isz, nbytes) || *nbytes > (uint64_t)INT64_MAX)
+        goto overflow;
+    if (numel == 0)
+        span = 0;
+    for (int i = 0; numel > 0 && stride && i < ndim; i++) {
+        uint64_t step;
+        if (__builtin_mul_overflow((uint64_t)(shape[i] - 1), (uint64_t)stride[i], &step) ||
+            __builtin_add_overflow(span, step, &span))
+            goto overflow;
+    }
+    if (!stride)
+        span = numel;
+    if (span > (uint64_t)INT64_MAX / (isz ? isz : 1))
+        goto overflow;
+    *span_elems = span;
+    return 0;
+overflow:
+    PyErr_Format(PyExc_ValueError, "%s: tensor %R: size in bytes overflows 64 bits", path, key);
+    return -1;
+}
+
+/* ---- tensors over mapped bytes ---- */
+
+static PyObject *torch_attr(const char *name)
+{
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (!torch)
+        return NULL;
+    PyObject *a = PyObject_GetAttrString(torch, name);
+    Py_DECREF(torch);
+    return a;
+}
+
+/* A uint8 tensor over file bytes [off, off + n) of the mapping (no copy). */
+static PyObject *bytes_tensor(PyObject *mm, uint64_t off, uint64_t n)
+{
+    PyObject *u8 = fi_dtype_to_py(FI_DTYPE_U8);
+    PyObject *fn = torch_attr(n ? "frombuffer" : "empty");
+    if (!fn)
+        return NULL;
+    PyObject *kw = n ? Py_BuildValue("{sOsKsK}", "dtype", u8, "count", (unsigned long long)n,
+                                     "offset", (unsigned long long)off)
+                     : Py_BuildValue("{sO}", "dtype", u8);
+    PyObject *args = n ? PyTuple_Pack(1, mm) : Py_BuildValue("(i)", 0);
+    PyObject *t = kw && args ? PyObject_Call(fn, args, kw) : NULL;
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_DECREF(fn);
+    return t;
+}
+
+static PyObject *int_tuple(const int64_t *v, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+/* bytes (uint8, 1-d) -> .view(dtype).as_strided(shape, stride, offset). Steals bytes. */
+static PyObject *shape_view(PyObject *bytes, const fi_loaded_tensor *lt, const int64_t *stride,
+                            int64_t offset)
+{
+    if (!bytes)
+        return NULL;
+    PyObject *typed = PyObject_CallMethod(bytes, "view", "O", fi_dtype_to_py(lt->dtype));
+    Py_DECREF(bytes);
+    if (!typed)
+        return NULL;
+    PyObject *shape = int_tuple(lt->shape, lt->ndim), *st = int_tuple(stride, lt->ndim);
+    PyObject *t =
+        shape && st ? PyObject_CallMethod(typed, "as_strided", "OOL", shape, st, (long long)offset)
+                    : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(st);
+    Py_DECREF(typed);
+    return t;
+}
+
+/* Places contiguous row-major elements src into their strided positions in dst. */
+static void scatter(char *dst, const char *src, const fi_loaded_tensor *lt, size_t isz)
+{
+    int nd = lt->ndim;
+    int64_t idx[FI_MAX_DIMS] = {0};
+    if (nd == 0) {
+        memcpy(dst, src, isz);
+        return;
+    }
+    int64_t inner = lt->shape[nd - 1], istride = lt->stride[nd - 1] * (int64_t)isz;
+    for (;;) {
+        char *row = dst;
+        for (int d = 0; d < nd - 1; d++)
+            row += idx[d] * lt->stride[d] * (int64_t)isz;
+        for (int64_t j = 0; j < inner; j++, src += isz)
+            memcpy(row + j * istride, src, isz);
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == lt->shape[d])
+            idx[d--] = 0;
+        if (d < 0)
+            return;
+    }
+}
+
+/* Contiguous file data restored to the recorded strides: copied into a fresh storage of
+ * the view's span. A span far beyond the data (hostile strides) keeps contiguous ones. */
+static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt, uint64_t span,
+                                 size_t isz)
+{
+    int64_t expect = 1;
+    int same = 1;
+    for (int i = lt->ndim - 1; i >= 0; i--) {
+        same &= lt->shape[i] == 1 || lt->stride[i] == expect;
+        expect *= lt->shape[i];
+    }
+    uint64_t span_bytes = span * isz;
+    if (same || lt->data_nbytes == 0 || span_bytes > 16 * lt->data_nbytes + 4096)
+        return NULL;
+    PyObject *zeros = torch_attr("zeros");
+    if (!zeros)
+        return NULL;
+    PyObject *kw = Py_BuildValue("{sO}", "dtype", fi_dtype_to_py(FI_DTYPE_U8));
+    PyObject *args = Py_BuildValue("(K)", (unsigned long long)span_bytes);
+    PyObject *buf = kw && args ? PyObject_Call(zeros, args, kw) : NULL;
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_DECREF(zeros);
+    if (!buf)
+        return NULL;
+    PyObject *ptr = PyObject_CallMethodNoArgs(buf, fi_names.data_ptr);
+    char *dst = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    Py_XDECREF(ptr);
+    if (!dst) {
+        Py_DECREF(buf);
+        return NULL;
+    }
+    scatter(dst, (const char *)base + lt->data_offset, lt, isz);
+    return shape_view(buf, lt, lt->stride, 0);
+}
+
+PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *path,
+                                 const fi_loaded_tensor *lt)
+{
+    if (!fi_dtype_to_py(lt->dtype)) {
+        PyErr_Format(PyExc_ValueError, "%s: tensor %R: dtype %s is not in this torch", path,
+                     lt->key, fi_dtype_name(lt->dtype));
+        return NULL;
+    }
+    size_t isz = fi_dtype_size(lt->dtype);
+    uint64_t nbytes, span;
+    if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes, &span) <
+        0)
+        return NULL;
+    PyObject *t = NULL;
+    if (lt->contiguous_in_file) {
+        t = restore_strides(base, lt, span, isz);
+        if (!t && PyErr_Occurred())
+            return NULL;
+        if (!t) {
+            int64_t contig[FI_MAX_DIMS], expect = 1;
+            for (int i = lt->ndim - 1; i >= 0; i--) {
+                contig[i] = expect;
+                expect *= lt->shape[i];
+            }
+            t = shape_view(bytes_tensor(mm, lt->data_offset, lt->data_nbytes), lt, contig, 0);
+        }
+    } else {
+        uint64_t storage = lt->data_nbytes / isz;
+        if (lt->data_nbytes % isz != 0 || lt->storage_offset < 0 ||
+            (span > 0 && ((uint64_t)lt->storage_offset > storage ||
+                          span > storage - (uint64_t)lt->storage_offset))) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: tensor %R: view of %llu elements at offset %lld does not fit its "
+                         "storage of %llu bytes",
+                         path, lt->key, (unsigned long long)span, (long long)lt->storage_offset,
+                         (unsigned long long)lt->data_nbytes);
+            return NULL;
+        }
+        t = shape_view(bytes_tensor(mm, lt->data_offset, lt->data_nbytes), lt, lt->stride,
+                       lt->storage_offset);
+    }
+    if (t && lt->requires_grad) {
+        PyObject *r = PyObject_CallMethod(t, "requires_grad_", "O", Py_True);
+        if (!r) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s: tensor %R: dtype %s cannot require grad", path,
+                         lt->key, fi_dtype_name(lt->dtype));
+            Py_CLEAR(t);
+        }
+        Py_XDECREF(r);
+    }
+    return t;
+}

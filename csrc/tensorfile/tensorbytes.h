@@ -1,0 +1,65 @@
+/* tensorbytes.h: what the tensor-file formats share: a tensor collected for writing, the
+ * staged output file, view sizes, and torch.Tensors built over memory-mapped file bytes. */
+#ifndef FI_TENSORBYTES_H
+#define FI_TENSORBYTES_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include "flashinfer_kernels.h"
+
+/* One tensor collected for writing: everything the writers need without the GIL. */
+typedef struct {
+    PyObject *key_obj; /* owned: the dict key (a str) */
+    const char *key;   /* its UTF-8, valid while key_obj lives */
+    size_t key_len;
+    PyObject *obj; /* owned: the tensor (its host copy for CUDA tensors) */
+    fi_tensor t;
+    int requires_grad;
+    size_t itemsize;
+    uint64_t span_bytes; /* bytes from t.data to one past the last element */
+    uint64_t nbytes;     /* numel * itemsize */
+} fi_saved_tensor;
+
+/* Output file: errors latch into err (an errno value) so writers run without the GIL. */
+typedef struct {
+    int fd;
+    uint64_t pos;
+    int err;
+    char *stage; /* small-write staging buffer */
+    size_t stage_len, stage_cap;
+} fi_out;
+
+int fi_out_write(fi_out *o, const void *p, size_t n);
+int fi_out_flush(fi_out *o);
+int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at);
+
+/* A tensor description read from a file, before it becomes a torch.Tensor. */
+typedef struct {
+    PyObject *key; /* owned str */
+    fi_dtype dtype;
+    int ndim;
+    int64_t shape[FI_MAX_DIMS];
+    int64_t stride[FI_MAX_DIMS];
+    int64_t storage_offset; /* elements */
+    uint64_t data_offset;   /* byte offset of the storage in the file */
+    uint64_t data_nbytes;   /* bytes of the storage */
+    int requires_grad;
+    int contiguous_in_file;  /* data stored contiguous; the recorded strides are restored */
+    const char *storage_key; /* .pt: the storage's record name inside data/ (borrowed) */
+    size_t storage_key_len;
+} fi_loaded_tensor;
+
+/* Builds a torch.Tensor over the memory map mm (a Python mmap object) of file path,
+ * checking that the view fits inside the storage bytes. New reference or NULL. */
+PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *path,
+                                 const fi_loaded_tensor *lt);
+
+/* numel * itemsize and the span of a strided view in bytes, checking overflow and
+ * negative sizes; -1 with ValueError naming path/key on a bad description. */
+int fi_view_bytes(const char *path, PyObject *key, fi_dtype dtype, int ndim, const int64_t *shape,
+                  const int64_t *stride, uint64_t *nbytes, uint64_t *span_elems);
+
+#endif
