@@ -237,10 +237,18 @@ def test_bool_counts_as_zero_and_one():
 
 
 def test_format_float_lines_exact():
+    t = torch.tensor([[1.5, -0.0], [math.inf, -2.25]])
+    assert _C.format_tensor_stats(t, 1) == (
+        "  min=-2.250000\n  max=inf\n  mean=inf\n  nan_count=0\n  inf_count=1\n"
+    )
+
+
+def test_format_with_a_nan_prints_nan_min_max_mean_as_flashinfer_does():
     t = torch.tensor([[1.5, math.nan], [math.inf, -2.25]])
     assert _C.format_tensor_stats(t, 1) == (
-        "  min=-2.250000\n  max=inf\n  mean=inf\n  nan_count=1\n  inf_count=1\n"
+        "  min=nan\n  max=nan\n  mean=nan\n  nan_count=1\n  inf_count=1\n"
     )
+    assert _C.tensor_stats(t)["min"] == -2.25  # the statistics themselves skip NaNs
 
 
 def test_format_all_nan_prints_nan():
@@ -253,15 +261,32 @@ def test_format_inf_minus_inf_mean_prints_nan():
     assert text == "min=-inf\nmax=inf\nmean=nan\nnan_count=0\ninf_count=2\n"
 
 
-def test_format_integer_and_bool_lines_exact():
+def test_format_integer_lines_exact():
     t = torch.tensor([-(2**63), 2**63 - 1, 1])
     assert _C.format_tensor_stats(t, 2) == (
         "    min=-9223372036854775808\n    max=9223372036854775807\n    mean=0.000000\n"
     )
-    b = torch.tensor([True, False, False])
-    assert _C.format_tensor_stats(b, 1) == "  min=0\n  max=1\n  mean=0.333333\n"
-    u = torch.tensor([-1], dtype=torch.int64).view(torch.uint64)
-    assert _C.format_tensor_stats(u, 0).startswith("min=18446744073709551615\n")
+    u8 = torch.tensor([0, 255, 3], dtype=torch.uint8)
+    assert _C.format_tensor_stats(u8, 1) == "  min=0\n  max=255\n  mean=86.000000\n"
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+        torch.float8_e8m0fnu,
+    ],
+    ids=str,
+)
+def test_dtypes_flashinfer_logs_no_statistics_for_print_none(dtype):
+    t = torch.ones(3).to(dtype)
+    assert _C.tensor_stats(t) is not None  # computed (tensor_stats), not logged
+    assert _C.format_tensor_stats(t, 1) == ""
 
 
 @pytest.mark.parametrize(

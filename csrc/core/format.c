@@ -21,13 +21,6 @@ int fi_format_exec(PyObject *module)
     return enum_type ? 0 : -1;
 }
 
-static int start_line(fi_buf *b, int indent, int *indent_first)
-{
-    int r = *indent_first ? fi_buf_indent(b, indent) : 0;
-    *indent_first = 1;
-    return r;
-}
-
 PyObject *fi_format_text_of(PyObject *obj, int use_repr)
 {
     PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
@@ -76,13 +69,13 @@ int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad)
     return *requires_grad < 0 ? -1 : 0;
 }
 
-static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int indent_first)
+static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
 {
     fi_tensor t;
     int requires_grad;
     if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
         return -1;
-    start_line(b, indent, &indent_first);
+    fi_buf_indent(b, indent);
     fi_buf_puts(b, "Tensor(\n");
     fi_buf_indent(b, indent + 1);
     fi_buf_puts(b, "shape=");
@@ -144,7 +137,8 @@ static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int 
         Py_INCREF(item);
         fi_buf_indent(b, indent + 1);
         fi_buf_printf(b, "[%zd]: ", i);
-        int r = fi_format_value(b, item, indent + 1, level, 0);
+        /* the item's own indentation follows the "[i]: " (FlashInfer's layout) */
+        int r = fi_format_value(b, item, indent + 1, level);
         Py_DECREF(item);
         if (r < 0)
             return -1;
@@ -166,7 +160,7 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
         fi_buf_indent(b, indent + 1);
         put_text(b, PyTuple_GET_ITEM(kv, 0), 1);
         fi_buf_puts(b, ": ");
-        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, level, 0) < 0) {
+        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, level) < 0) {
             Py_DECREF(items);
             return -1;
         }
@@ -176,17 +170,17 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
     return fi_buf_puts(b, "}\n");
 }
 
-int fi_format_value(fi_buf *b, PyObject *v, int indent, int level, int indent_first)
+int fi_format_value(fi_buf *b, PyObject *v, int indent, int level)
 {
     if (Py_EnterRecursiveCall(" while formatting a value for the log"))
         return -1;
     int r;
     if (fi_is_tensor(v)) {
-        r = format_tensor(b, v, indent, level, indent_first);
+        r = format_tensor(b, v, indent, level);
         Py_LeaveRecursiveCall();
         return r;
     }
-    start_line(b, indent, &indent_first);
+    fi_buf_indent(b, indent);
     if (v == Py_None)
         r = fi_buf_puts(b, "None\n");
     else if (PyObject_TypeCheck(v, (PyTypeObject *)enum_type))

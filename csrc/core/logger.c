@@ -50,6 +50,7 @@ static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
     Py_VISIT(lg->call_counters);
     Py_VISIT(lg->static_meta);
     Py_VISIT(lg->graph_pending);
+    Py_VISIT(lg->capture_graph);
     return 0;
 }
 
@@ -58,6 +59,7 @@ static int logger_clear(fi_logger *lg)
     Py_CLEAR(lg->call_counters);
     Py_CLEAR(lg->static_meta);
     Py_CLEAR(lg->graph_pending);
+    Py_CLEAR(lg->capture_graph);
     return 0;
 }
 
@@ -241,6 +243,8 @@ static PyGetSetDef logger_getset[] = {
 static PyMemberDef logger_members[] = {
     {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
      "Tests: record every call as if a CUDA graph were being captured."},
+    {"capture_graph", T_OBJECT, offsetof(fi_logger, capture_graph), 0,
+     "id() of the CUDAGraph being captured, set by the capture hooks; None outside."},
     {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
     {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
     {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,

@@ -23,8 +23,8 @@ typedef struct {
     PyObject *call_counters; /* dict: API name -> int, for the directory names */
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
     PyObject *graph_pending; /* list: calls recorded during CUDA graph capture */
+    PyObject *capture_graph; /* id of the CUDAGraph being captured (graph_hooks), or NULL */
     int force_graph_capture; /* tests: treat every call as captured */
-    int count_cap_warned, size_cap_warned;
     int dump_root_ready;
     int session_fd;         /* DUMP_DIR/session.jsonl, opened on first use */
     long long json_call_id; /* JSON log: the last call's id (pairs its call/return lines) */

@@ -392,7 +392,9 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
     fi_tensor t;
     if (fi_tensor_from_py(tensor, &t) < 0)
         return -1;
-    return stats_of_known(tensor, &t, out);
+    int r = stats_of_known(tensor, &t, out);
+    out->dtype = dtype;
+    return r;
 }
 
 /* ---- text ---------------------------------------------------------------------------- */
@@ -407,13 +409,37 @@ static void put_float_line(fi_buf *buf, int indent, const char *name, double v)
         fi_buf_printf(buf, "%s=%.6f\n", name, v);
 }
 
+/* The dtypes FlashInfer's log shows statistics for: float64/32/16, bfloat16, the two
+ * float8 kinds with an inf (e4m3fn, e5m2), int8 to int64 and uint8. */
+static int dtype_logged(fi_dtype dtype)
+{
+    switch (dtype) {
+    case FI_DTYPE_F64:
+    case FI_DTYPE_F32:
+    case FI_DTYPE_F16:
+    case FI_DTYPE_BF16:
+    case FI_DTYPE_E4M3FN:
+    case FI_DTYPE_E5M2:
+    case FI_DTYPE_I8:
+    case FI_DTYPE_I16:
+    case FI_DTYPE_I32:
+    case FI_DTYPE_I64:
+    case FI_DTYPE_U8:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
 {
+    /* a NaN makes min, max and mean NaN, as torch's reductions (FlashInfer's log) do */
+    int has_nan = st->nan_count > 0;
     switch (st->kind) {
     case FI_STATS_FLOAT:
-        put_float_line(buf, indent, "min", st->min);
-        put_float_line(buf, indent, "max", st->max);
-        put_float_line(buf, indent, "mean", st->mean);
+        put_float_line(buf, indent, "min", has_nan ? NAN : st->min);
+        put_float_line(buf, indent, "max", has_nan ? NAN : st->max);
+        put_float_line(buf, indent, "mean", has_nan ? NAN : st->mean);
         fi_buf_indent(buf, indent);
         fi_buf_printf(buf, "nan_count=%lld\n", (long long)st->nan_count);
         fi_buf_indent(buf, indent);
@@ -438,8 +464,10 @@ int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
         break;
     case FI_STATS_DEFERRED:
         fi_buf_indent(buf, indent);
-        fi_buf_printf(buf, "[stats deferred to GPU kernel: id=%lld numel=%lld dtype=%s]\n",
-                      st->deferred_id, (long long)st->numel, fi_dtype_name(st->dtype));
+        fi_buf_printf(buf,
+                      "[stats deferred to GPU kernel: id=%lld; look for '[flashinfer stats] "
+                      "id=%lld ...' in graph replay output]\n",
+                      st->deferred_id, st->deferred_id);
         break;
     case FI_STATS_NONE:
         break;
@@ -477,6 +505,7 @@ int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, P
     if (known) {
         memset(out, 0, sizeof(*out));
         r = stats_of_known(tensor, known, out);
+        out->dtype = known->dtype;
     } else {
         r = fi_stats_of_tensor(tensor, out);
     }
@@ -495,6 +524,9 @@ int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known
     PyObject *error;
     if (fi_stats_or_error(tensor, known, &st, &error) < 0)
         return -1;
+    int computed = st.kind == FI_STATS_FLOAT || st.kind == FI_STATS_INT;
+    if (!error && computed && !dtype_logged(st.dtype))
+        return 0;
     if (!error)
         return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
     const char *s = PyUnicode_AsUTF8(error);

@@ -288,7 +288,7 @@ typedef struct {
     int is_unsigned64;
     int64_t numel;
     long long deferred_id; /* FI_STATS_DEFERRED: the id the device printf line carries */
-    fi_dtype dtype;        /* FI_STATS_DEFERRED: the tensor's dtype */
+    fi_dtype dtype;        /* the tensor's dtype (fi_stats_of_tensor; FI_STATS_DEFERRED) */
 } fi_stats;
 
 /* Whether dtype has statistics: all but complex, packed fp4 and unknown dtypes. */
@@ -330,9 +330,10 @@ int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5]);
 /* Whether fi_stats_cuda handles dtype. */
 int fi_stats_cuda_supports(fi_dtype dtype);
 
-/* Capture-safe variant: enqueues a kernel that computes the same statistics and prints
- * "[flashinfer stats] id=N numel=... min=... max=... mean=... nan=... inf=..." with
- * device printf each time it runs (each graph replay); no allocation, no host wait. */
+/* Capture-safe variant: enqueues a kernel that prints, with device printf each time it
+ * runs (each graph replay), FlashInfer's line "[flashinfer stats] id=N numel=... min=...
+ * max=... mean=... nan=... inf=..." (mean over the finite values), or "... (empty
+ * tensor)" / "... (all non-finite) nan=... inf=..."; no allocation, no host wait. */
 int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
 
 /* ---- CUDA helpers ----------------------------------------------------------------
