@@ -143,6 +143,11 @@ fuzz-tools: venv
 $(FUZZ_DIR)/obj/%.o: csrc/tensorfile/%.c csrc/tensorfile/*.h | fuzz-tools
 	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) -c $< -o $@
 
+# the writers take level-5 statistics while they write (fi_out_write_dense): the CPU kernel
+FUZZ_OBJS += $(FUZZ_DIR)/obj/kernel_stats.o
+$(FUZZ_DIR)/obj/kernel_stats.o: kernels/cpu/stats.c kernels/include/*.h | fuzz-tools
+	clang $(FUZZ_CFLAGS) -c $< -o $@
+
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJS)
 	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) $< $(FUZZ_OBJS) $(PY_EMBED) -o $@
 

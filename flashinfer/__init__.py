@@ -8,6 +8,7 @@ from . import (
 )
 from .autotuner import autotune
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .fi_trace import fi_trace as fi_trace  # the function shadows the submodule, as in FlashInfer
 from .fp4_quantization import SfLayout, fp4_quantize, nvfp4_quantize
 from .gemm import bmm_fp8, mm_fp4, mm_fp8, prepare_low_latency_gemm_weights
 from .prefill import (
@@ -26,6 +27,7 @@ __all__ = [
     "single_prefill_with_kv_cache",
     "autotune",
     "bmm_fp8",
+    "fi_trace",
     "fp4_quantize",
     "mm_fp4",
     "mm_fp8",

@@ -218,7 +218,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             given they decide the pages and lengths, as in FlashInfer's trtllm-gen backend.
         fixed_split_size : int, optional
             Pages per KV split of the CUDA kernel (deterministic splitting); -1/None: the
-            kernel chooses. The CPU kernel never splits.
+            kernel chooses. The CPU kernel ignores it.
         disable_split_kv : bool
             No KV split (CUDA).
         q_len_per_req : int

@@ -1,8 +1,8 @@
 """``python -m flashinfer_native`` (and ``flashinfer-native``): the core's command line.
 
-``run`` (a script with native logging switched on), ``replay``, ``dumps``, ``info``. The
-core serves an installed FlashInfer first, so that a replay resolves FlashInfer's APIs
-through the core's own decorator.
+``run`` (a script with native logging switched on), ``replay``, ``dumps``, ``info``,
+``repro``, ``diff``, ``report``. The core serves an installed FlashInfer first, so that
+a replay resolves FlashInfer's APIs through the core's own decorator.
 """
 
 from .hook import enable

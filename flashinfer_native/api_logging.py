@@ -1,12 +1,13 @@
 """The ``flashinfer.api_logging`` surface, served by the native core.
 
-``install(namespace, flashinfer_version=...)`` fills a module namespace (the globals of
-``flashinfer.api_logging``) with a fresh native logger configured from the
-``FLASHINFER_*`` environment variables, the ``flashinfer_api`` decorator and the replay
-entry points. It runs every time that module is executed, so a re-import (after
-removing it from ``sys.modules``) starts a fresh logger, as SPEC 1 asks. The work per
-call is done by ``flashinfer_native._C``: this module only builds decorators and the
-header text.
+``install(namespace, flashinfer_version=..., attach_trace=None)`` fills a module
+namespace (the globals of ``flashinfer.api_logging``) with a fresh native logger
+configured from the ``FLASHINFER_*`` environment variables, the ``flashinfer_api``
+decorator (which hands each function to the served package's trace attacher, when
+given), the replay entry points and the CUDA-graph dump functions (``graph_hooks``). It
+runs every time that module is executed, so a re-import (after removing it from
+``sys.modules``) starts a fresh logger, as SPEC 1 asks. The work per call is done by
+``flashinfer_native._C``: this module only builds decorators and the header text.
 
 Levels: 0 off (the decorator returns the function itself), 1 API names, 3 inputs and
 outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recorder
@@ -15,13 +16,14 @@ outputs with tensor metadata, 5 plus tensor statistics, 10 plus the flight recor
 
 import functools
 import inspect
+import json
 import os
-import platform
 import sys
+import time
 
 import torch
 
-from . import _C, distributed, registry, replay
+from . import _C, distributed, graph_hooks, registry, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -39,52 +41,96 @@ PUBLIC_NAMES = [
 ]
 
 
-def _system_info_text(logger, flashinfer_version):
-    lines = [
-        _SEP,
-        f"{logger.timestamp()} FlashInfer API Logging - System Information",
-        _SEP,
-        f"FlashInfer version: {flashinfer_version}",
-    ]
-    cuda_version = torch.version.cuda
-    lines.append(
-        f"CUDA toolkit version: {cuda_version if cuda_version else '<unavailable - CPU-only build?>'}"
-    )
+def _system_info(flashinfer_version):
+    """The facts of the system-information header: versions and GPUs."""
     try:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except Exception:  # a broken cuDNN install must not stop logging
         cudnn = None
-    lines.append(f"cuDNN version: {cudnn if cudnn else '<not available>'}")
+    gpus = None
     if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        lines.append(f"Number of GPUs: {count}")
-        for i in range(count):
+        gpus = []
+        for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
-            lines.append(f"  GPU {i}: {torch.cuda.get_device_name(i)}")
+            gpus.append(
+                {"name": torch.cuda.get_device_name(i), "compute_capability": [major, minor]}
+            )
+    return {
+        "flashinfer_version": flashinfer_version,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": cudnn,
+        "gpus": gpus,
+        "torch_version": torch.__version__,
+    }
+
+
+def _system_info_text(logger, info):
+    lines = [
+        _SEP,
+        f"{logger.timestamp()} FlashInfer API Logging - System Information",
+        _SEP,
+        f"FlashInfer version: {info['flashinfer_version']}",
+        f"CUDA toolkit version: {info['cuda_version'] or '<unavailable - CPU-only build?>'}",
+        f"cuDNN version: {info['cudnn_version'] or '<not available>'}",
+    ]
+    if info["gpus"] is not None:
+        lines.append(f"Number of GPUs: {len(info['gpus'])}")
+        for i, gpu in enumerate(info["gpus"]):
+            major, minor = gpu["compute_capability"]
+            lines.append(f"  GPU {i}: {gpu['name']}")
             lines.append(f"    Compute capability: {major}.{minor} (SM{major}{minor})")
     else:
         lines.append("CUDA: Not available (CPU-only mode)")
-    lines.append(f"PyTorch version: {torch.__version__}")
+    lines.append(f"PyTorch version: {info['torch_version']}")
     lines.append(_SEP)
     return "\n".join(lines) + "\n\n"
 
 
+def _system_info_json(info):
+    """The header as one JSON record (FLASHINFER_LOGFORMAT=json)."""
+    record = {"event": "system_info", "timestamp": round(time.time(), 6), "pid": os.getpid()}
+    return json.dumps(dict(record, **info)) + "\n"
+
+
 def _dump_banner_text(logger):
-    fmt = "safetensors" if logger.safetensors else "torch (.pt)"
-    include = ", ".join(logger.include) or "(all)"
-    exclude = ", ".join(logger.exclude) or "(none)"
+    """The level-10 warning FlashInfer prints on stdout at import, line for line."""
     lines = [
         _SEP,
-        "[flashinfer] WARNING: FLASHINFER_LOGLEVEL=10 (flight recorder) is on.",
-        "All inputs and outputs of FlashInfer API calls are written to disk.",
-        f"  dump directory: {logger.dump_dir}",
-        f"  format: {fmt}",
-        f"  include: {include}",
-        f"  exclude: {exclude}",
-        f"  caps: {logger.max_count} calls, {logger.max_size_gb:g} GB",
+        "WARNING: FlashInfer API Logging is set to Level 10 (Tensor Dumping).\n"
+        "This will dump ALL input and outputs including tensors for FlashInfer APIs to disk in\n"
+        "the configured dump directory. Ensure that you are NOT processing sensitive data\n"
+        "or that the dump directory is secure. To disable dumping, unset FLASHINFER_LOGLEVEL or\n"
+        "set it to below 10. For more information, see https://docs.flashinfer.ai/logging.html",
+        f"Current dump directory is: {logger.dump_dir}",
+    ]
+    if logger.safetensors:
+        lines.append(
+            "\u26a0\ufe0f  SAFETENSORS mode enabled: tensor stride/non-contiguity will NOT be "
+            "preserved.\n    Tensors will be saved as contiguous. Use torch.save (default) to "
+            "preserve strides."
+        )
+    if logger.include:
+        lines.append(f"Include filter: {list(logger.include)}")
+    if logger.exclude:
+        lines.append(f"Exclude filter: {list(logger.exclude)}")
+    lines += [
+        "CUDA graph replay hook enabled: flush_graph_dumps() will run after every "
+        "torch.cuda.CUDAGraph.replay().",
+        "CUDA graph capture stores tensor references and materializes snapshots after every "
+        "replay.",
         _SEP,
     ]
     return "\n".join(lines) + "\n"
+
+
+def _print_banner(text):
+    """print() as FlashInfer does; an unencodable stdout gets the text with replacements."""
+    try:
+        sys.stdout.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+        sys.stdout.write(text.encode(encoding, "replace").decode(encoding))
+    sys.stdout.flush()
 
 
 def _parameters_of(func):
@@ -134,9 +180,10 @@ def _make_decorator(logger, attach_trace=None):
             At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
             otherwise behaves like ``func`` (same result, same exceptions, same name,
             docstring, ``__wrapped__`` and signature; binds as a method). What
-            ``attach_trace`` returns for it, when ``install`` was given one. At every
-            level the result is registered as a replayable API
-            (``flashinfer_native.registry``): replay calls nothing else.
+            ``attach_trace`` returns for it, when ``install`` was given one (the mirror's:
+            the same object with ``fi_trace``, or a trace-dumping wrapper of it while
+            ``FLASHINFER_TRACE_DUMP`` is on). At every level the result is registered as
+            a replayable API (``flashinfer_native.registry``): replay calls nothing else.
 
         Raises
         ------
@@ -146,13 +193,14 @@ def _make_decorator(logger, attach_trace=None):
         if func is None:
             return functools.partial(flashinfer_api, trace=trace)
         if isinstance(func, (staticmethod, classmethod)):
-            if level == 0:
-                registry.register(func.__func__, func.__func__)
-                return func
-            return type(func)(flashinfer_api(func.__func__, trace=trace))
+            # the inner call registers the function (level 0 included)
+            inner = flashinfer_api(func.__func__, trace=trace)
+            return func if inner is func.__func__ else type(func)(inner)
         if not callable(func):
             raise TypeError(f"flashinfer_api expects a callable, got {type(func).__name__}")
         decorated = func if level == 0 else wrap(func)
+        # the trace attacher runs at decoration time only: level 0 still costs nothing
+        # per call unless it returned a wrapper
         if attach_trace is not None:
             decorated = attach_trace(decorated, func, trace)
         registry.register(func, decorated)  # replay calls only registered APIs (SPEC 5.1a)
@@ -162,28 +210,39 @@ def _make_decorator(logger, attach_trace=None):
 
 
 def _graph_functions(logger):
+    """flush_graph_dumps, clear_graph_dumps and the private helpers of graph_hooks."""
+
+    def _flush_graph_dumps(synchronize=True, graph_id=None):
+        if logger.pending_graph_dumps(graph_id) == 0:
+            return 0
+        if synchronize and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return logger.flush_graph_dumps(graph_id)
+
     def flush_graph_dumps(synchronize=True):
         """Write the calls recorded while a CUDA graph was being captured.
 
         At level 10 no device-to-host copy may enter a graph, so calls recorded during
         capture hold references to their tensors (status ``graph_capture_pending_flush``).
-        Each flush writes their current values to ``graph_flushes/flush_NNNN/`` under
-        each call's directory, refreshes the call's root ``inputs``/``outputs`` files to
-        this latest snapshot and appends a ``completed`` metadata line. It runs
-        automatically after every ``torch.cuda.CUDAGraph.replay()``.
+        A flush writes their current values to ``graph_flushes/flush_NNNN/`` under each
+        call's directory (with its own ``metadata.jsonl``), refreshes the call's root
+        ``inputs``/``outputs`` files to this latest snapshot and appends metadata lines
+        with ``graph_capture_flushed``. ``CUDAGraph.replay()`` flushes the calls of the
+        replayed graph by itself; the pending calls are also flushed at exit and on
+        SIGTERM.
 
         Parameters
         ----------
         synchronize : bool
-            Accepted for FlashInfer's signature; the tensors are always read after the
-            device finished writing them.
+            Synchronize CUDA first, so the latest replay has finished (default True).
 
         Returns
         -------
         int
-            The number of calls written.
+            The number of entries written: one per inputs and one per outputs of each
+            pending call.
         """
-        return logger.flush_graph_dumps()
+        return _flush_graph_dumps(synchronize=synchronize)
 
     def clear_graph_dumps():
         """Forget the calls recorded during CUDA graph capture (drops their tensors).
@@ -191,40 +250,36 @@ def _graph_functions(logger):
         Returns
         -------
         int
-            The number of calls dropped.
+            The number of pending entries dropped (inputs and outputs of each call).
         """
         return logger.clear_graph_dumps()
 
-    return flush_graph_dumps, clear_graph_dumps
+    def _flush_logged(reason, graph_id=None):
+        """A flush whose outcome goes to the log (replay hook, atexit, SIGTERM)."""
+        try:
+            n = _flush_graph_dumps(graph_id=graph_id)
+        except Exception as exc:
+            logger.write(f"flush_graph_dumps ({reason}) failed: {exc}\n")
+            return
+        if n > 0:
+            logger.write(f"flush_graph_dumps ({reason}): wrote {n} pending entries\n")
 
-
-def _install_graph_replay_hook(module_name):
-    """Flush captured level-10 calls after every CUDAGraph.replay() (once per process).
-
-    The hook looks the api_logging module up at each replay, so the logger of the
-    latest import is the one flushed.
-    """
-    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
-    if graph_cls is None or getattr(graph_cls.replay, "_flashinfer_hook", False):
-        return
-    original = graph_cls.replay
-
-    def replay_graph(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, "_API_LOG_LEVEL", 0) >= 10:
-            module.flush_graph_dumps()
-        return result
-
-    replay_graph._flashinfer_hook = True
-    graph_cls.replay = replay_graph
+    return {
+        "flush_graph_dumps": flush_graph_dumps,
+        "clear_graph_dumps": clear_graph_dumps,
+        "_flush_graph_dumps": _flush_graph_dumps,
+        "_flush_logged": _flush_logged,
+        "_restore_cuda_graph_hooks": graph_hooks.restore,
+    }
 
 
 def install(namespace, flashinfer_version, attach_trace=None):
     """Make ``namespace`` (a module's globals) a ``flashinfer.api_logging``.
 
     Creates a native logger from the environment, writes the system-information header
-    (level > 0) and the flight-recorder banner (level 10), and defines
+    (level > 0) and prints the flight-recorder warning on stdout (level 10), installs
+    the CUDA-graph hooks of ``graph_hooks`` (level 10; an import below 10 removes them),
+    and defines
     ``flashinfer_api``, ``load_tensors``, ``flush_graph_dumps``, ``clear_graph_dumps``,
     ``replay_from_dump`` and ``replay_sequence`` in it.
 
@@ -245,20 +300,21 @@ def install(namespace, flashinfer_version, attach_trace=None):
     level = logger.level
     if level > 0:
         try:
-            logger.write(_system_info_text(logger, flashinfer_version))
+            info = _system_info(flashinfer_version)
+            if logger.log_format == "json":
+                logger.write(_system_info_json(info))
+            else:
+                logger.write(_system_info_text(logger, info))
         except Exception as e:  # logging must never break the import
             logger.write(f"[LOGGING ERROR in system information]: {e}\n")
     if level >= 10:
         logger.static_meta["versions"] = {
             "torch": torch.__version__,
-            "python": platform.python_version(),
+            "python": sys.version,
             "flashinfer": flashinfer_version,
         }
         logger.static_meta["record_extras"] = distributed.record_extras
-        sys.stderr.write(_dump_banner_text(logger))
-        sys.stderr.flush()
-        _install_graph_replay_hook(namespace["__name__"])
-    flush_graph_dumps, clear_graph_dumps = _graph_functions(logger)
+        _print_banner(_dump_banner_text(logger))
     namespace.update(
         _LOGGER=logger,
         _API_LOG_LEVEL=level,
@@ -266,12 +322,15 @@ def install(namespace, flashinfer_version, attach_trace=None):
         _suspend_dumps=replay.suspended_dumps,
         flashinfer_api=_make_decorator(logger, attach_trace),
         load_tensors=load_tensors,
-        flush_graph_dumps=flush_graph_dumps,
-        clear_graph_dumps=clear_graph_dumps,
         replay_from_dump=replay.replay_from_dump,
         replay_sequence=replay.replay_sequence,
         __all__=list(PUBLIC_NAMES),
+        **_graph_functions(logger),
     )
+    if level >= 10:
+        graph_hooks.install(namespace["__name__"])
+    else:
+        graph_hooks.restore()
 
 
 # ------------------------------------------------------------ an installed FlashInfer

@@ -1,4 +1,5 @@
-"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3), ``run``.
+"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3), ``run``; ``repro``, ``diff``,
+``report`` (triage).
 
 ``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
 (``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
@@ -32,7 +33,7 @@ _MARKS = {
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="flashinfer")
 def cli():
-    """flashinfer: replay and inspect level-10 flight-recorder dumps."""
+    """flashinfer: replay, inspect and triage level-10 flight-recorder dumps."""
 
 
 def _stdout_is_terminal():
@@ -59,6 +60,16 @@ def _allow_module_option(ctx, param, value):
     except (ImportError, TypeError) as exc:
         raise click.BadParameter(str(exc)) from None
     return list(value)
+
+
+def _device_name(ctx, param, value):
+    """A torch device name, not necessarily present here (a script may run elsewhere)."""
+    if value is None:
+        return None
+    try:
+        return str(torch.device(value))
+    except (RuntimeError, ValueError) as exc:
+        raise click.BadParameter(f"{value!r} is not a torch device ({exc})") from None
 
 
 def _first_line(text):
@@ -348,6 +359,240 @@ def dumps(dump_dir, as_json):
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
             click.echo(f"  {name}")
+
+
+def _tolerances(command):
+    """--rtol and --atol of the triage commands (defaults as replay's)."""
+    command = click.option(
+        "--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance."
+    )(command)
+    return click.option(
+        "--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance."
+    )(command)
+
+
+@cli.command()
+@click.argument("dump_call_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(),
+    help="Folder to create (or, with --tar, the .tar.gz to write).",
+)
+@click.option(
+    "--device",
+    callback=_device_name,
+    default=None,
+    help="The script's default device (default: where the call was recorded); it may "
+    "name a device this machine lacks.",
+)
+@click.option("--tar", is_flag=True, help="Write one .tar.gz holding the folder.")
+@_tolerances
+@click.option(
+    "--full-chain",
+    is_flag=True,
+    help="For a wrapper method: replay every call on the object since its __init__, "
+    "not only its latest plan.",
+)
+def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
+    """Export one recorded call as a folder with its tensors and a standalone repro.py.
+
+    The script needs only torch and flashinfer; it rebuilds a wrapper's object
+    (__init__, plan) before a method call, runs the call, compares with the recorded
+    outputs (or exception) and exits 1 on a mismatch.
+    """
+    from .repro import export_repro
+
+    try:
+        done = export_repro(dump_call_dir, out, device, tar, rtol, atol, full_chain)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    kind = "archive" if tar else "folder"
+    click.echo(f"Wrote {kind} {done['path']} ({done['tensor_bytes']} bytes of tensors)")
+    click.echo(f"Calls: {' -> '.join(done['steps'])}")
+    for note in done["notes"]:
+        click.echo(f"Note: {note}")
+    run = (
+        f"tar xzf {done['path']} && python {done['script']}" if tar else f"python {done['script']}"
+    )
+    click.echo(f"Run: {run}")
+
+
+_DIFF_MARKS = {
+    "same": "✅ Same",
+    "diverged": "❌ Diverged",
+    "only_a": "❌ Only in A",
+    "only_b": "❌ Only in B",
+}
+
+
+def _diff_sides(entry, roots):
+    """Indented lines naming the call's dump directory on each side."""
+    return [
+        f"    {side.upper()}: {os.path.join(roots[side], entry[side]['dir'])}"
+        for side in ("a", "b")
+        if side in entry
+    ]
+
+
+def _diff_line(entry, roots, verbose):
+    """The terminal lines of one diff entry (none for a matching call unless verbose)."""
+    status = entry["status"]
+    if status == "same" and not verbose:
+        return []
+    lines = [f"[{entry['index']}] {entry['api']}: {_DIFF_MARKS[status]}"]
+    if status == "same":
+        worst = [t["max_abs"] for t in entry.get("outputs", []) if t.get("max_abs") is not None]
+        if worst:
+            lines[0] += f" (outputs max abs diff {max(worst):.6g})"
+    if verbose or status.startswith("only"):
+        lines += _diff_sides(entry, roots)
+    reasons = entry.get("reasons") or []
+    if status == "diverged":
+        lines += [f"    {r}" for r in (reasons if verbose else reasons[:3])]
+        if len(reasons) > 3 and not verbose:
+            lines.append(f"    ... {len(reasons) - 3} more (-v shows all)")
+    return lines
+
+
+class _JsonStream:
+    """A diff report written as it goes: header keys, then each call, then the summary."""
+
+    def __init__(self, path, header):
+        self.path = path
+        try:
+            self.file = open(path, "w")
+        except OSError as exc:
+            raise click.FileError(path, hint=exc.strerror) from None
+        self.file.write("{\n")
+        for key, value in header.items():
+            self.file.write(f"  {json.dumps(key)}: {json.dumps(value)},\n")
+        self.file.write('  "calls": [')
+        self.first = True
+
+    def add(self, entry):
+        self.file.write(("\n    " if self.first else ",\n    ") + json.dumps(entry))
+        self.first = False
+
+    def close(self, tail):
+        self.file.write("\n  ],\n")
+        items = list(tail.items())
+        for n, (key, value) in enumerate(items):
+            comma = "," if n + 1 < len(items) else ""
+            self.file.write(f"  {json.dumps(key)}: {json.dumps(value)}{comma}\n")
+        self.file.write("}\n")
+        self.file.close()
+
+
+@cli.command()
+@click.argument("a", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.argument("b", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@_tolerances
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False),
+    help="Write every call's comparison to this file (streamed).",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Show matching calls and every reason.")
+def diff(a, b, rtol, atol, json_path, verbose):
+    """Compare two recorded sessions A and B call by call; B is the reference.
+
+    Calls are matched by their position in their process when both sessions carry
+    `sequence`, else by (API name, occurrence in the process). For each pair: max abs
+    and max rel difference of every input and output tensor, differing non-tensor
+    inputs and status. Prints the divergent calls and the first divergence. Exit
+    status: 0 when nothing diverged, 1 otherwise, 2 for bad arguments. Reads the dumps
+    only: nothing they name is imported or run.
+    """
+    from .diff import diff_sessions
+
+    header, entries = diff_sessions(a, b, rtol, atol)
+    click.echo(
+        f"Comparing A {a} ({header['calls_a']} calls) with B {b} ({header['calls_b']} calls), "
+        f"matched by {header['match']}"
+    )
+    stream = _JsonStream(json_path, header) if json_path else None
+    counts = Counter()
+    first = None
+    roots = {"a": a, "b": b}
+    for entry in entries:
+        counts[entry["status"]] += 1
+        if first is None and entry["status"] != "same":
+            first = entry
+        for line in _diff_line(entry, roots, verbose):
+            click.echo(line)
+        if stream:
+            stream.add(entry)
+    if first is not None:
+        click.echo(f"First divergence: [{first['index']}] {first['api']}")
+        for line in _diff_sides(first, roots):
+            click.echo(line)
+        for reason in first.get("reasons", [])[:5]:
+            click.echo(f"    {reason}")
+        side = "a" if "a" in first else "b"
+        where = os.path.join(roots[side], first[side]["dir"])
+        click.echo(f"Reproduce it: flashinfer repro {where} -o repro_{side}")
+    summary = {
+        "matched": counts["same"] + counts["diverged"],
+        "same": counts["same"],
+        "diverged": counts["diverged"],
+        "only_a": counts["only_a"],
+        "only_b": counts["only_b"],
+    }
+    click.echo(
+        f"Summary: {summary['matched']} matched calls, {summary['same']} same, "
+        f"{summary['diverged']} diverged; {summary['only_a']} only in A, "
+        f"{summary['only_b']} only in B"
+    )
+    if stream:
+        stream.close({"first_divergence": first, "summary": summary})
+    sys.exit(0 if first is None else 1)
+
+
+@cli.command()
+@click.argument("dump_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    default="report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The HTML file to write.",
+)
+@click.option(
+    "--replay-json",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The report of `flashinfer replay --json` for this session: adds each call's result.",
+)
+@click.option(
+    "--max-calls",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    help="Calls whose tensors get statistics and histograms (the timeline and table show all).",
+)
+def report(dump_dir, out, replay_json, max_calls):
+    """Write a session as one static HTML page (no network, no JavaScript).
+
+    Timeline of the calls per API coloured by status, a table of every call, and per
+    call its tensors with shape, dtype, level-5 statistics and a histogram (computed in
+    C from the dump files). Reads the dumps only.
+    """
+    from .report import write_report
+
+    try:
+        done = write_report(dump_dir, out, replay_json, max_calls)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    counts = ", ".join(f"{n} {s}" for s, n in done["statuses"].items())
+    click.echo(
+        f"Wrote {done['path']}: {done['calls']} calls ({counts}), {done['detailed']} detailed"
+    )
 
 
 def _flashinfer_package():

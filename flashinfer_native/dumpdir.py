@@ -478,7 +478,8 @@ def summarize_session(root):
     records, bad, oversized, source = _session_records(root)
     last = {}
     for record in records:
-        key = str(record.get("dump_dir", ""))
+        # a graph snapshot's records name the call they belong to
+        key = str(record.get("graph_capture_base_dump_dir") or record.get("dump_dir", ""))
         last[key] = record
     per_api = Counter(str(r.get("function_name", "unknown")) for r in last.values())
     completed, exceptions, incomplete = [], [], []

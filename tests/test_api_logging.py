@@ -196,23 +196,24 @@ def test_value_formatting_containers_and_scalars(logmod, tmp_path):
 
     api([1, (2.5, "s"), {"k": None, 3: True}, [], (), {}, torch.float16])
     text = normalize(strip_header(read(log)))
+    # FlashInfer's layout: each item keeps its own indentation after "[i]: "
     expected = "\n".join(
         [
             "  arg[0]:",
             "    [",
-            "      [0]: 1",
-            "      [1]: (",
-            "        [0]: 2.5",
-            "        [1]: 's'",
+            "      [0]:       1",
+            "      [1]:       (",
+            "        [0]:         2.5",
+            "        [1]:         's'",
             "      )",
-            "      [2]: {",
-            "        'k': None",
-            "        3: True",
+            "      [2]:       {",
+            "        'k':         None",
+            "        3:         True",
             "      }",
-            "      [3]: []",
-            "      [4]: ()",
-            "      [5]: {}",
-            "      [6]: torch.float16",
+            "      [3]:       []",
+            "      [4]:       ()",
+            "      [5]:       {}",
+            "      [6]:       torch.float16",
             "    ]",
             "",
         ]
@@ -226,7 +227,7 @@ def test_tensor_inside_a_list_is_a_nested_block(logmod, tmp_path):
     m.flashinfer_api(lambda x: None)([torch.ones(3, dtype=torch.int32)])
     text = strip_header(read(log))
     assert (
-        "    [\n      [0]: Tensor(\n        shape=(3,)\n        stride=(1,)\n"
+        "    [\n      [0]:       Tensor(\n        shape=(3,)\n        stride=(1,)\n"
         "        dtype=torch.int32\n" in text
     )
 
@@ -288,7 +289,9 @@ def test_exception_propagates_unchanged_and_nothing_is_logged_after(logmod, tmp_
     assert "Output value" not in text
 
 
-def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
+def test_names_follow_flashinfers_rule_for_stateful_classes(logmod, tmp_path):
+    """FlashInfer prefixes the class of the first positional argument when its name
+    contains "Wrapper" or is "MoELayer"; every other call logs the bare __name__."""
     log = tmp_path / "log.txt"
     m = logmod(FLASHINFER_LOGLEVEL="1", FLASHINFER_LOGDEST=str(log))
     api = m.flashinfer_api
@@ -307,11 +310,6 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
         def helper(y):
             return y
 
-        @api
-        @staticmethod
-        def helper2(y):
-            return y
-
         @classmethod
         @api
         def make(cls, x):
@@ -319,6 +317,16 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
 
     class Sub(MyWrapper):
         pass
+
+    class MoELayer:
+        @api
+        def __call__(self):
+            return 0
+
+    class Other:
+        @api
+        def go(self):
+            return 0
 
     @api
     def plain(x):
@@ -335,23 +343,27 @@ def test_names_of_functions_methods_static_class_and_init(logmod, tmp_path):
     assert w.run(2) == 3
     assert MyWrapper.run(w, 3) == 4
     assert MyWrapper.helper(5) == 5
-    assert w.helper2(6) == 6
     assert isinstance(MyWrapper.make(1), MyWrapper)
     Sub(2).run(1)
+    MoELayer()()
+    Other().go()
     plain(0)
+    plain(w)
     outer()()
     names = re.findall(r"FlashInfer API Call: (\S+)", read(log))
     assert names == [
         "MyWrapper.__init__",
         "MyWrapper.run",
         "MyWrapper.run",
-        "MyWrapper.helper",
-        "MyWrapper.helper2",
-        "MyWrapper.make",
+        "helper",
+        "make",
         "MyWrapper.__init__",
-        "Sub.__init__",
-        "Sub.run",
+        "__init__",
+        "run",
+        "MoELayer.__call__",
+        "go",
         "plain",
+        "MyWrapper.plain",
         "inner",
     ]
 
@@ -497,29 +509,40 @@ def test_reimport_switches_level_and_old_wrappers_keep_working(logmod, tmp_path)
     assert m0.flashinfer_api(g) is g
 
 
-def test_filters_gate_level_3_but_not_level_1_lines(logmod, tmp_path):
+def named_calls_under_filters(logmod, tmp_path, level):
+    """Calls single_decode, single_prefill, batch_decode, mm_fp8 with the filters
+    include "*decode*, single_*" and exclude "*prefill*"; returns the log text."""
     log = tmp_path / "log.txt"
     m = logmod(
-        FLASHINFER_LOGLEVEL="3",
+        FLASHINFER_LOGLEVEL=level,
         FLASHINFER_LOGDEST=str(log),
+        FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
         FLASHINFER_DUMP_INCLUDE="*decode*, single_*",
         FLASHINFER_DUMP_EXCLUDE="*prefill*",
     )
+    for name in ("single_decode", "single_prefill", "batch_decode", "mm_fp8"):
 
-    def named(name):
         def f():
             return None
 
         f.__name__ = f.__qualname__ = name
-        return m.flashinfer_api(f)
+        m.flashinfer_api(f)()
+    return normalize(strip_header(read(log)))
 
-    for name in ("single_decode", "single_prefill", "batch_decode", "mm_fp8"):
-        named(name)()
-    text = normalize(strip_header(read(log)))
-    blocks = re.findall(r"Call: (\S+)\n" + DASH, text)
-    lines = re.findall(r"^\[TS\] FlashInfer API Call: (\S+)$", text, re.M)
-    assert blocks == ["single_decode", "batch_decode"]
-    assert lines == ["single_decode", "single_prefill", "batch_decode", "mm_fp8"]
+
+CALL_LINE = re.compile(r"^\[TS\] FlashInfer API Call: (\S+)$", re.M)
+
+
+@pytest.mark.parametrize("level", ["3", "5", "10"])
+def test_calls_the_filters_leave_out_log_nothing_at_level_3_and_above(logmod, tmp_path, level):
+    text = named_calls_under_filters(logmod, tmp_path, level)
+    assert CALL_LINE.findall(text) == ["single_decode", "batch_decode"]
+    assert "prefill" not in text and "mm_fp8" not in text
+
+
+def test_level_1_names_every_call_whatever_the_filters(logmod, tmp_path):
+    text = named_calls_under_filters(logmod, tmp_path, "1")
+    assert CALL_LINE.findall(text) == ["single_decode", "single_prefill", "batch_decode", "mm_fp8"]
 
 
 def test_eight_threads_to_one_file_every_record_whole(logmod, tmp_path):
@@ -578,9 +601,9 @@ def test_level_5_adds_statistics_inside_tensor_blocks(logmod, tmp_path):
         "      device=cpu\n"
         "      requires_grad=False\n"
         "      is_contiguous=True\n"
-        "      min=-2.000000\n"
-        "      max=inf\n"
-        "      mean=inf\n"
+        "      min=nan\n"  # a NaN makes min, max and mean NaN (FlashInfer's torch reductions)
+        "      max=nan\n"
+        "      mean=nan\n"
         "      nan_count=1\n"
         "      inf_count=1\n"
         "    )\n" in text

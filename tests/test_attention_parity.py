@@ -101,6 +101,43 @@ def test_decode_nvfp4_kv_cache_matches_dequantized_reference(sf_as_pair):
         check(out[b], ref[0], torch.bfloat16)
 
 
+def test_decode_sinks_join_once_when_long_kv_is_split():
+    # 1500 keys of one request: the CPU kernel splits them into chunks and merges them;
+    # the sink joins the merged softmax state once.
+    kv_lens, page_size, hq, hkv, d = [1500], 16, 4, 2, 64
+    cache, indptr, indices, last = paged_batch(kv_lens, page_size, hkv, d, "NHD")
+    q = torch.randn(1, hq, d).to(torch.float16)
+    sinks = torch.tensor([0.0, 8.0, -3.0, float("-inf")])
+    w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size)
+    out, lse = w.run(q, cache, sinks=sinks, return_lse=True)
+    ref, ref_lse = attention(q, *request_kv(cache, indptr, indices, kv_lens, 0, "NHD"), sinks=sinks)
+    check(out[0], ref[0])
+    torch.testing.assert_close(lse[0], ref_lse[0], atol=1e-4, rtol=1e-5)
+
+
+def test_decode_nvfp4_kv_when_long_kv_is_split():
+    kv_lens, page_size, hq, hkv, d = [1100], 16, 4, 2, 64
+    packed, scales, values, indptr, indices, last = _nvfp4_paged(kv_lens, page_size, hkv, d, 2)
+    q = torch.randn(1, hq, d).to(torch.bfloat16)
+    w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
+    w.plan(
+        indptr,
+        indices,
+        last,
+        hq,
+        hkv,
+        d,
+        page_size,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.uint8,
+    )
+    out = w.run(q, packed, kv_cache_sf=scales)
+    k, v = request_kv(values, indptr, indices, kv_lens, 0, "NHD")
+    ref, _ = attention(q, k, v)
+    check(out[0], ref[0], torch.bfloat16)
+
+
 def test_ragged_prefill_nvfp4_kv_as_one_scale_tensor():
     qo_indptr = torch.tensor([0, 3, 5], dtype=torch.int32)
     kv_indptr = torch.tensor([0, 10, 16], dtype=torch.int32)

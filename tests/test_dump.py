@@ -245,6 +245,23 @@ def test_method_records_self_id_and_self_as_arg_0(level10, tmp_path):
     assert rec["tensor_info"]["input_tensor_keys"] == ["arg_1"]
 
 
+def test_method_of_a_class_without_wrapper_in_its_name_records_no_self_id(level10, tmp_path):
+    m = level10()
+
+    class Demo:
+        @m.flashinfer_api
+        def run(self, q):
+            return q
+
+    Demo().run(torch.ones(2))
+    (d,) = call_dirs(tmp_path / "dumps")
+    rec = records(d / "metadata.jsonl")[0]
+    assert NAME_RE.match(d.name).group(2) == "run"
+    assert rec["function_name"] == "run"
+    assert "self_id" not in rec
+    assert rec["input_metadata"]["arg_0"]["type"] == "Demo"
+
+
 def test_session_jsonl_has_every_record_and_sequence_increases(level10, tmp_path):
     m = level10()
     f = m.flashinfer_api(lambda x: x)
@@ -278,25 +295,47 @@ def test_exception_writes_line_2_and_propagates(level10, tmp_path):
     assert not (d / "outputs.pt").exists()
 
 
-def test_count_cap(level10, tmp_path):
+def test_count_cap_warns_at_every_skipped_call_in_flashinfers_words(level10, tmp_path):
     m = level10(FLASHINFER_DUMP_MAX_COUNT="2")
     f = m.flashinfer_api(lambda x: x + 1)
     assert [f(i) for i in range(4)] == [1, 2, 3, 4]
     assert len(call_dirs(tmp_path / "dumps")) == 2
-    warnings = [ln for ln in log_text(tmp_path).splitlines() if "cap reached" in ln]
-    assert len(warnings) == 1 and "FLASHINFER_DUMP_MAX_COUNT" in warnings[0]
+    warnings = [ln for ln in log_text(tmp_path).splitlines() if "limit reached" in ln]
+    assert warnings == 2 * [
+        "Dump limit reached (2 dumps). Skipping dump for <lambda>. "
+        "Increase FLASHINFER_DUMP_MAX_COUNT if needed."
+    ]
 
 
 def test_size_cap_counts_inputs(level10, tmp_path):
-    m = level10(FLASHINFER_DUMP_MAX_SIZE_GB=str(3000 / 1024**3))
+    cap = 3000 / 1024**3
+    m = level10(FLASHINFER_DUMP_MAX_SIZE_GB=str(cap))
     f = m.flashinfer_api(lambda x: None)
     f(torch.zeros(256))  # 1 KB
     f(torch.zeros(256))  # 2 KB written so far (+ file overhead)
     f(torch.zeros(1024))  # would cross the cap
     dirs = call_dirs(tmp_path / "dumps")
     assert 1 <= len(dirs) <= 2
-    warnings = [ln for ln in log_text(tmp_path).splitlines() if "cap reached" in ln]
-    assert len(warnings) == 1 and "FLASHINFER_DUMP_MAX_SIZE_GB" in warnings[0]
+    warnings = [ln for ln in log_text(tmp_path).splitlines() if "limit reached" in ln]
+    assert warnings[-1] == (
+        f"Dump size limit reached ({cap!r} GB). Skipping dump for <lambda>. "
+        "Increase FLASHINFER_DUMP_MAX_SIZE_GB if needed."
+    )
+
+
+def test_size_capped_call_still_takes_its_number(level10, tmp_path):
+    m = level10(FLASHINFER_DUMP_MAX_SIZE_GB=str(2048 / 1024**3))
+    f = m.flashinfer_api(lambda x: None)
+    f(torch.zeros(1024))  # 4 KB: over the cap, not dumped
+    f(torch.zeros(4))
+    (d,) = call_dirs(tmp_path / "dumps")
+    assert d.name.endswith("_call0002")
+
+
+def test_size_cap_message_prints_the_cap_as_python_does(level10, tmp_path):
+    m = level10(FLASHINFER_DUMP_MAX_SIZE_GB="0")
+    m.flashinfer_api(lambda x: None)(torch.zeros(1))
+    assert "Dump size limit reached (0.0 GB)." in log_text(tmp_path)
 
 
 def test_size_cap_crossed_by_outputs_skips_outputs_file(level10, tmp_path):
@@ -308,6 +347,9 @@ def test_size_cap_crossed_by_outputs_skips_outputs_file(level10, tmp_path):
     assert line2["execution_status"] == "completed"
     assert line2["outputs_skipped"] == "size cap"
     assert not (d / "outputs.pt").exists()
+    assert "Skipping the outputs of <lambda>. Increase FLASHINFER_DUMP_MAX_SIZE_GB" in (
+        log_text(tmp_path)
+    )
 
 
 @pytest.mark.parametrize(
@@ -367,13 +409,77 @@ def test_seed_filter_examples(level10, tmp_path, include, exclude, dumped):
     assert names == dumped
 
 
-def test_level_10_banner_on_stderr(level10, capfd, tmp_path):
-    level10(FLASHINFER_DUMP_INCLUDE="*run")
-    err = capfd.readouterr().err
-    assert "FLASHINFER_LOGLEVEL=10" in err
-    assert "written to disk" in err
-    assert str(tmp_path / "dumps") in err
-    assert "*run" in err
+BANNER_HEAD = (
+    "WARNING: FlashInfer API Logging is set to Level 10 (Tensor Dumping).\n"
+    "This will dump ALL input and outputs including tensors for FlashInfer APIs to disk in\n"
+    "the configured dump directory. Ensure that you are NOT processing sensitive data\n"
+    "or that the dump directory is secure. To disable dumping, unset FLASHINFER_LOGLEVEL or\n"
+    "set it to below 10. For more information, see https://docs.flashinfer.ai/logging.html\n"
+)
+BANNER_TAIL = (
+    "CUDA graph replay hook enabled: flush_graph_dumps() will run after every "
+    "torch.cuda.CUDAGraph.replay().\n"
+    "CUDA graph capture stores tensor references and materializes snapshots after every "
+    "replay.\n" + "=" * 80 + "\n"
+)
+
+
+def test_level_10_banner_is_flashinfers_on_stdout(level10, capfd, tmp_path):
+    level10(FLASHINFER_DUMP_INCLUDE="*run, plan", FLASHINFER_DUMP_EXCLUDE="x*")
+    out, err = capfd.readouterr()
+    assert out == (
+        "=" * 80
+        + "\n"
+        + BANNER_HEAD
+        + f"Current dump directory is: {tmp_path / 'dumps'}\n"
+        + "Include filter: ['*run', 'plan']\n"
+        + "Exclude filter: ['x*']\n"
+        + BANNER_TAIL
+    )
+    assert "Level 10" not in err
+
+
+def test_level_10_banner_names_safetensors_mode(level10, capfd, tmp_path):
+    level10(FLASHINFER_DUMP_SAFETENSORS="1")
+    out = capfd.readouterr().out
+    assert (
+        f"Current dump directory is: {tmp_path / 'dumps'}\n"
+        "\u26a0\ufe0f  SAFETENSORS mode enabled: tensor stride/non-contiguity will NOT be "
+        "preserved.\n    Tensors will be saved as contiguous. Use torch.save (default) to "
+        "preserve strides.\nCUDA graph replay hook enabled"
+    ) in out
+
+
+def test_level_10_log_names_each_dump_in_flashinfers_lines(level10, tmp_path):
+    m = level10()
+    m.flashinfer_api(lambda x: x + 1)(torch.zeros(262144))  # 1 MB in, 1 MB out
+    (d,) = call_dirs(tmp_path / "dumps")
+    text = log_text(tmp_path)
+    before = (
+        f"Dumped inputs to: {d} (size: 1.00 MB, total: 1/1000 dumps)\n"
+        f"Inputs dumped to: {d}\n" + "=" * 80 + "\n"
+    )
+    after = (
+        "=" * 80 + "\n\n"
+        f"Dumped outputs to: {d} (output size: 1.00 MB, total dump size: 2.00 MB)\n"
+        f"Outputs dumped to: {d}\n"
+    )
+    assert before in text and text.endswith(after)
+    assert text.index(before) < text.index("FlashInfer API Call: <lambda>")
+
+
+def test_level_10_call_that_raises_has_no_outputs_lines(level10, tmp_path):
+    m = level10()
+
+    @m.flashinfer_api
+    def boom(x):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        boom(torch.zeros(2))
+    text = log_text(tmp_path)
+    assert "Inputs dumped to: " in text
+    assert "Outputs dumped to" not in text and "Dumped outputs" not in text
 
 
 def test_level_10_also_writes_level_5_text(level10, tmp_path):
@@ -537,7 +643,7 @@ def test_disk_full_logs_one_error_and_later_calls_work(tmp_path):
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    assert r.stdout.splitlines()[-1] == "ok"  # after the level-10 warning
     log = (tmp_path / "child.log").read_text()
     errors = [ln for ln in log.splitlines() if ln.startswith("[DUMP ERROR (inputs) in call]")]
     assert len(errors) == 1
@@ -548,44 +654,6 @@ def test_disk_full_logs_one_error_and_later_calls_work(tmp_path):
     assert len(dirs) == 1
     recs = records(dirs[0] / "metadata.jsonl")
     assert [r["execution_status"] for r in recs] == ["inputs_saved", "completed"]
-
-
-def test_graph_capture_holds_tensors_until_flush(level10, tmp_path):
-    m = level10()
-    m._LOGGER._force_graph_capture = 1
-    x = torch.zeros(4)
-    out = torch.empty(4)
-
-    @m.flashinfer_api
-    def step(inp, *, out):
-        out.copy_(inp * 2)
-        return out
-
-    step(x, out=out)
-    (d,) = call_dirs(tmp_path / "dumps")
-    assert sorted(p.name for p in d.iterdir()) == ["metadata.jsonl"]
-    (line1,) = records(d / "metadata.jsonl")
-    assert line1["execution_status"] == "graph_capture_pending_flush"
-    assert line1["graph_capture"] is True
-    for value in (1.0, 5.0):  # what a graph replay would do to the captured buffers
-        x.fill_(value)
-        out.copy_(x * 2)
-        assert m.flush_graph_dumps() == 1
-    lines = records(d / "metadata.jsonl")
-    assert [r["execution_status"] for r in lines] == [
-        "graph_capture_pending_flush",
-        "completed",
-        "completed",
-    ]
-    assert [r.get("graph_flush") for r in lines] == [None, 1, 2]
-    for n, value in ((1, 1.0), (2, 5.0)):
-        snap = d / "graph_flushes" / f"flush_{n:04d}"
-        assert torch.equal(torch.load(snap / "inputs.pt")["arg_0"], torch.full((4,), value))
-        assert torch.equal(torch.load(snap / "outputs.pt")["result"], torch.full((4,), 2 * value))
-    assert torch.equal(torch.load(d / "inputs.pt")["arg_0"], torch.full((4,), 5.0))
-    assert torch.equal(torch.load(d / "outputs.pt")["result"], torch.full((4,), 10.0))
-    assert m.clear_graph_dumps() == 1
-    assert m.flush_graph_dumps() == 0
 
 
 def test_unwritable_dump_dir_logs_an_error_and_the_call_still_runs(level10, tmp_path):

@@ -178,7 +178,8 @@ def test_process_killed_mid_call_is_reported_incomplete(tmp_path):
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", src], env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
+    lines = iter(proc.stdout.readline, "")
+    assert "ready" in (line.strip() for line in lines)  # after the level-10 warning
     deadline = time.time() + 30
     while time.time() < deadline:
         dirs = [d for d in os.listdir(root) if "slow_identity" in d]

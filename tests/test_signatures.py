@@ -18,6 +18,7 @@ from flashinfer import decode, fp4_quantization, gemm, prefill
 # its optional arguments through **kwargs; their names and defaults are those of
 # _plan_impl (keyword-only), FlashInfer's own helper with that contract.
 RELEASE = {
+    "fi_trace": ("func_or_method", "save_dir=None", "**kwargs"),
     "single_decode_with_kv_cache": (
         "q",
         "k",

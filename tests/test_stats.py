@@ -237,10 +237,18 @@ def test_bool_counts_as_zero_and_one():
 
 
 def test_format_float_lines_exact():
+    t = torch.tensor([[1.5, -0.0], [math.inf, -2.25]])
+    assert _C.format_tensor_stats(t, 1) == (
+        "  min=-2.250000\n  max=inf\n  mean=inf\n  nan_count=0\n  inf_count=1\n"
+    )
+
+
+def test_format_with_a_nan_prints_nan_min_max_mean_as_flashinfer_does():
     t = torch.tensor([[1.5, math.nan], [math.inf, -2.25]])
     assert _C.format_tensor_stats(t, 1) == (
-        "  min=-2.250000\n  max=inf\n  mean=inf\n  nan_count=1\n  inf_count=1\n"
+        "  min=nan\n  max=nan\n  mean=nan\n  nan_count=1\n  inf_count=1\n"
     )
+    assert _C.tensor_stats(t)["min"] == -2.25  # the statistics themselves skip NaNs
 
 
 def test_format_all_nan_prints_nan():
@@ -253,15 +261,32 @@ def test_format_inf_minus_inf_mean_prints_nan():
     assert text == "min=-inf\nmax=inf\nmean=nan\nnan_count=0\ninf_count=2\n"
 
 
-def test_format_integer_and_bool_lines_exact():
+def test_format_integer_lines_exact():
     t = torch.tensor([-(2**63), 2**63 - 1, 1])
     assert _C.format_tensor_stats(t, 2) == (
         "    min=-9223372036854775808\n    max=9223372036854775807\n    mean=0.000000\n"
     )
-    b = torch.tensor([True, False, False])
-    assert _C.format_tensor_stats(b, 1) == "  min=0\n  max=1\n  mean=0.333333\n"
-    u = torch.tensor([-1], dtype=torch.int64).view(torch.uint64)
-    assert _C.format_tensor_stats(u, 0).startswith("min=18446744073709551615\n")
+    u8 = torch.tensor([0, 255, 3], dtype=torch.uint8)
+    assert _C.format_tensor_stats(u8, 1) == "  min=0\n  max=255\n  mean=86.000000\n"
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+        torch.float8_e8m0fnu,
+    ],
+    ids=str,
+)
+def test_dtypes_flashinfer_logs_no_statistics_for_print_none(dtype):
+    t = torch.ones(3).to(dtype)
+    assert _C.tensor_stats(t) is not None  # computed (tensor_stats), not logged
+    assert _C.format_tensor_stats(t, 1) == ""
 
 
 @pytest.mark.parametrize(
@@ -361,3 +386,33 @@ def test_format_tensor_stats_rejects_bad_indent():
         _C.format_tensor_stats(torch.ones(1), -1)
     with pytest.raises(TypeError, match="expected a torch.Tensor, got str"):
         _C.format_tensor_stats("x", 0)
+
+
+def _eight_lane_sum(values):
+    """The C kernel's summation order: lane j adds elements j, j + 8, ... in float64 from
+    zero; the lanes are reduced as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+    then the n % 8 tail is added one by one."""
+    import numpy as np
+
+    body = len(values) // 8 * 8
+    lanes = [0.0] * 8
+    for row in np.asarray(values[:body], dtype=np.float64).reshape(-1, 8):
+        lanes = [s + float(v) for s, v in zip(lanes, row)]
+    total = 0.0
+    total += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    total += (lanes[4] + lanes[5]) + (lanes[6] + lanes[7])
+    for v in values[body:]:
+        total += float(v)
+    return total
+
+
+@pytest.mark.parametrize("n", [16, 17, 23, 1000, 65536 + 8 * 3 + 5])
+def test_contiguous_float32_mean_is_bit_identical_to_the_eight_lane_order(n):
+    """Whatever vector width the CPU offers, the sum keeps one fixed order (so the
+    level-5 text of a tensor never depends on the machine or on how it was passed)."""
+    g = torch.Generator().manual_seed(n)
+    t = torch.randn(n, generator=g) * torch.logspace(-20, 20, n).float()
+    values = t.tolist()
+    got = _C.tensor_stats(t)
+    assert got["mean"] == _eight_lane_sum(values) / n
+    assert (got["min"], got["max"]) == (min(values), max(values))

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 int fi_config_round_level(long long level)
@@ -123,6 +124,12 @@ int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
             cfg->level = fi_config_round_level(n);
         else
             warn(ctx, "FLASHINFER_LOGLEVEL", v, "0");
+    }
+    if ((v = env_or_null("FLASHINFER_LOGFORMAT"))) {
+        if (strcasecmp(v, "json") == 0)
+            cfg->log_format = FI_LOG_JSON;
+        else if (strcasecmp(v, "text") != 0)
+            warn(ctx, "FLASHINFER_LOGFORMAT", v, "text");
     }
     v = env_or_null("FLASHINFER_LOGDEST");
     cfg->logdest = fi_config_subst_pid(v ? v : "stdout", pid);

@@ -7,10 +7,13 @@
 
 #define FI_MAX_PATTERNS 64
 
+typedef enum { FI_LOG_TEXT = 0, FI_LOG_JSON = 1 } fi_log_format;
+
 typedef struct {
-    int level;      /* 0, 1, 3, 5 or 10 after rounding down */
-    char *logdest;  /* "stdout", "stderr" or a path with %i substituted */
-    char *dump_dir; /* %i substituted */
+    int level;                /* 0, 1, 3, 5 or 10 after rounding down */
+    fi_log_format log_format; /* FLASHINFER_LOGFORMAT: text (default) or json */
+    char *logdest;            /* "stdout", "stderr" or a path with %i substituted */
+    char *dump_dir;           /* %i substituted */
     double max_size_gb;
     long long max_count;
     int safetensors;

@@ -14,6 +14,7 @@
 #include "dump_encode.h"
 #include "json.h"
 #include "sink.h"
+#include "stats.h"
 #include "strbuf.h"
 #include "tensor.h"
 #include "tensorio.h"
@@ -26,6 +27,7 @@ typedef struct {
     PyObject *record;  /* the line-1 record, completed when the call returns */
     PyObject *inputs;  /* key -> tensor */
     PyObject *outputs; /* key -> tensor; NULL until the call returned */
+    PyObject *graph;   /* id of the CUDAGraph captured (graph_hooks), or None */
     long flushes;      /* snapshots taken so far */
 } graph_entry;
 
@@ -37,6 +39,7 @@ struct fi_dump_call {
     PyObject *record; /* the line-1 record, extended into line 2 */
     char *dir;        /* the call's directory */
     long long input_bytes;
+    long long output_bytes;
     PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
     graph_entry *graph;
     int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
@@ -258,7 +261,7 @@ static int write_record(fi_dump_call *call)
 }
 
 static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
-                                  PyObject *tensors)
+                                  PyObject *tensors, fi_stats_sink sink)
 {
     int st = lg->cfg.safetensors;
     size_t n = strlen(dir) + 32;
@@ -268,15 +271,15 @@ static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *st
         return -1;
     }
     snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
-    Py_ssize_t written =
-        fi_save_tensor_dict(path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH);
+    Py_ssize_t written = fi_save_tensor_dict_stats(
+        path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, sink);
     free(path);
     return written;
 }
 
 static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
 {
-    return save_tensors_at(call->lg, call->dir, stem, tensors);
+    return save_tensors_at(call->lg, call->dir, stem, tensors, NULL);
 }
 
 /* ---------------------------------------------------------------- records */
@@ -291,10 +294,9 @@ static void timestamp_now(char *out, size_t n)
     snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
 }
 
-static PyObject *size_mb(long long bytes)
-{
-    return PyFloat_FromDouble((double)bytes / (1024.0 * 1024.0));
-}
+#define MB (1024.0 * 1024.0)
+
+static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / MB); }
 
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
 static int graph_capturing(const fi_dump_tensors *ts)
@@ -358,35 +360,42 @@ static PyObject *build_record(fi_logger *lg, const fi_dump_api *api, PyObject *n
     return rec;
 }
 
-/* Whether bytes more stay under FLASHINFER_DUMP_MAX_SIZE_GB; the first time they would
- * not, one warning saying what is not dumped (skipped) and how to raise the cap. */
-static int size_cap_allows(fi_logger *lg, long long bytes, const char *skipped)
+/* FLASHINFER_DUMP_MAX_SIZE_GB as Python prints a float ("20.0", "1e-08"), for the
+ * cap messages FlashInfer writes. */
+static void put_size_cap(fi_buf *b, double gb)
 {
-    double cap = lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
-    if ((double)(lg->dump_bytes + bytes) > cap) {
-        if (!lg->size_cap_warned)
-            log_line(lg,
-                     "[flashinfer] WARNING: dump size cap reached (%g GB)%s. Raise "
-                     "FLASHINFER_DUMP_MAX_SIZE_GB to dump more.",
-                     lg->cfg.max_size_gb, skipped);
-        lg->size_cap_warned = 1;
-        return 0;
-    }
-    return 1;
+    char *text = PyOS_double_to_string(gb, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    fi_buf_puts(b, text ? text : "?");
+    PyMem_Free(text);
 }
 
-static int count_cap_allows(fi_logger *lg)
+/* "Dump size limit reached (X GB). <what>. Increase FLASHINFER_DUMP_MAX_SIZE_GB ..." */
+static void log_size_cap(fi_logger *lg, const char *what, const char *name)
 {
-    if (lg->dump_count >= lg->cfg.max_count) {
-        if (!lg->count_cap_warned)
-            log_line(lg,
-                     "[flashinfer] WARNING: dump count cap reached (%lld calls); later calls are "
-                     "not dumped. Raise FLASHINFER_DUMP_MAX_COUNT to dump more.",
-                     lg->cfg.max_count);
-        lg->count_cap_warned = 1;
-        return 0;
-    }
-    return 1;
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_buf_puts(&b, "Dump size limit reached (");
+    put_size_cap(&b, lg->cfg.max_size_gb);
+    fi_buf_printf(&b, " GB). %s %s. Increase FLASHINFER_DUMP_MAX_SIZE_GB if needed.\n", what, name);
+    fi_logger_emit(lg, b.data, b.len);
+    fi_buf_free(&b);
+}
+
+/* The count cap, checked before anything is numbered (FlashInfer's order). */
+static int under_count_cap(fi_logger *lg, const char *name)
+{
+    if (lg->dump_count < lg->cfg.max_count)
+        return 1;
+    log_line(lg,
+             "Dump limit reached (%lld dumps). Skipping dump for %s. Increase "
+             "FLASHINFER_DUMP_MAX_COUNT if needed.",
+             lg->cfg.max_count, name);
+    return 0;
+}
+
+static int under_size_cap(fi_logger *lg, long long bytes)
+{
+    return (double)(lg->dump_bytes + bytes) <= lg->cfg.max_size_gb * 1024.0 * 1024.0 * 1024.0;
 }
 
 /* ----------------------------------------- calls held during graph capture */
@@ -396,6 +405,7 @@ static void graph_entry_free(graph_entry *e)
     Py_XDECREF(e->record);
     Py_XDECREF(e->inputs);
     Py_XDECREF(e->outputs);
+    Py_XDECREF(e->graph);
     free(e->dir);
     free(e);
 }
@@ -405,7 +415,8 @@ static void graph_capsule_free(PyObject *capsule)
     graph_entry_free(PyCapsule_GetPointer(capsule, GRAPH_ENTRY_CAPSULE));
 }
 
-/* Holds a captured call's record and input tensors in graph_pending for the flushes. */
+/* Holds a captured call's record and input tensors in graph_pending for the flushes,
+ * with the graph being captured. */
 static int hold_for_graph(fi_dump_call *call, PyObject *inputs)
 {
     graph_entry *e = calloc(1, sizeof(*e));
@@ -416,6 +427,7 @@ static int hold_for_graph(fi_dump_call *call, PyObject *inputs)
     }
     e->record = Py_NewRef(call->record);
     e->inputs = Py_NewRef(inputs);
+    e->graph = Py_NewRef(call->lg->capture_graph ? call->lg->capture_graph : Py_None);
     call->graph_capsule = PyCapsule_New(e, GRAPH_ENTRY_CAPSULE, graph_capsule_free);
     if (!call->graph_capsule) {
         graph_entry_free(e);
@@ -456,8 +468,16 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     call->name = PyUnicode_FromString(api->api_name);
     if (!call->name || fi_dump_encode_inputs(&ts, input_meta, args, nargs, kwnames) < 0)
         goto error;
-    if (!count_cap_allows(lg) || !size_cap_allows(lg, ts.bytes, "; later calls are not dumped"))
+    if (!under_count_cap(lg, api->api_name))
         goto skip;
+    if (!under_size_cap(lg, ts.bytes)) {
+        /* the call still takes its number, as in FlashInfer: later directories of this
+         * API keep the numbers they would have had */
+        if (next_counter(lg->call_counters, call->name) < 0)
+            goto error;
+        log_size_cap(lg, "Skipping dump for", api->api_name);
+        goto skip;
+    }
     if (ensure_root(lg) < 0)
         goto error;
     char stamp[32];
@@ -469,7 +489,9 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
      * tensors and write them after each replay (flush_graph_dumps) */
     int capturing = lg->force_graph_capture || graph_capturing(&ts);
-    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
+    /* the statistics of the inputs' level-5 text are taken in the same pass (stats.c) */
+    Py_ssize_t written =
+        capturing ? 0 : save_tensors_at(lg, call->dir, "inputs", ts.tensors, fi_stats_remember);
     if (written < 0) {
         rmdir(call->dir);
         goto error;
@@ -483,6 +505,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     if (!call->record || write_record(call) < 0 ||
         (capturing && hold_for_graph(call, ts.tensors) < 0))
         goto error;
+    log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
+             (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
+             capturing ? ", graph-deferred" : "");
+    log_line(lg, "Inputs dumped to: %s", call->dir);
     fi_dump_tensors_free(&ts);
     Py_DECREF(input_meta);
     PyErr_Restore(et, ev, tb);
@@ -490,6 +516,7 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
 error:
     log_dump_error(lg, api->api_name, "inputs");
 skip:
+    fi_stats_forget();
     fi_dump_tensors_free(&ts);
     Py_XDECREF(input_meta);
     if (call)
@@ -512,17 +539,19 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
     if (!out_meta || !info || !details || fi_dump_encode_outputs(&ts, out_meta, result) < 0)
         goto done;
     long long out_bytes = 0;
-    if (call->graph) { /* captured: keep the output tensors for the flushes */
+    const char *status = "completed";
+    if (call->graph) { /* captured: the flushes write the output tensors */
         call->graph->outputs = Py_NewRef(ts.tensors);
-        if (PyDict_Update(details, ts.details) == 0 &&
-            fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) == 0)
-            r = 0;
-        goto done;
-    }
-    if (PyList_GET_SIZE(ts.keys) > 0) {
-        if (!size_cap_allows(lg, ts.bytes, " while saving outputs")) {
+        if (PyDict_Update(details, ts.details) < 0 ||
+            fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
+            goto done;
+        out_bytes = ts.bytes;
+        status = "graph_capture_pending_flush";
+    } else if (PyList_GET_SIZE(ts.keys) > 0) {
+        if (!under_size_cap(lg, ts.bytes)) {
             if (fi_dump_dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
                 goto done;
+            log_size_cap(lg, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
         } else {
             Py_ssize_t written = save_tensors(call, "outputs", ts.tensors);
             if (written < 0) {
@@ -545,12 +574,13 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
             }
         }
     }
+    call->output_bytes = out_bytes;
     long long total = call->input_bytes + out_bytes;
     if (fi_dump_dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
         fi_dump_dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
         fi_dump_dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
         fi_dump_dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
-        fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString("completed")) < 0)
+        fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0)
         goto done;
     r = 0;
 done:
@@ -582,18 +612,24 @@ static void drop_graph_entry(fi_dump_call *call)
             PyList_SetSlice(pending, i, i + 1, NULL);
 }
 
+/* FlashInfer's two lines after a call's outputs are recorded. */
+static void log_outputs_dumped(fi_dump_call *call)
+{
+    log_line(call->lg, "Dumped outputs to: %s (output size: %.2f MB, total dump size: %.2f MB%s)",
+             call->dir, (double)call->output_bytes / MB,
+             (double)(call->input_bytes + call->output_bytes) / MB,
+             call->graph ? ", graph-deferred" : "");
+    log_line(call->lg, "Outputs dumped to: %s", call->dir);
+}
+
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
+    fi_stats_forget(); /* the inputs' log text is written by now */
     int r;
     if (result) {
         r = finish_completed(call, result);
-        if (r == 0 && call->graph) { /* line 2 comes with the first flush */
-            call_free(call);
-            PyErr_Restore(et, ev, tb);
-            return;
-        }
     } else {
         PyErr_NormalizeException(&et, &ev, &tb);
         r = ev ? finish_exception(call, ev) : 0;
@@ -604,15 +640,47 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
         r = write_record(call);
     if (r < 0)
         log_dump_error(call->lg, PyUnicode_AsUTF8(call->name), "outputs");
+    else if (result)
+        log_outputs_dumped(call);
     call_free(call);
     if (tb && ev)
         PyException_SetTraceback(ev, tb);
     PyErr_Restore(et, ev, tb);
 }
 
-/* One snapshot of a captured call: graph_flushes/flush_NNNN/ plus the refreshed root
- * files, then a "completed" line naming the flush. */
-static int flush_entry(fi_logger *lg, graph_entry *e)
+/* The two records FlashInfer appends per flushed part of a call: base (the call's latest
+ * record) with the flush keys, to the call's metadata.jsonl and session.jsonl, and the
+ * same naming the snapshot, to the snapshot's metadata.jsonl and session.jsonl. */
+static int write_flush_records(fi_logger *lg, PyObject *base, const char *status, long n,
+                               const char *dir, const char *snap)
+{
+    PyObject *rec = PyDict_Copy(base);
+    PyObject *snap_rec = NULL;
+    int r = -1;
+    if (!rec || fi_dump_dict_set(rec, "execution_status", PyUnicode_FromString(status)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_flushed", Py_NewRef(Py_True)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_flush_index", PyLong_FromLong(n)) < 0 ||
+        fi_dump_dict_set(rec, "graph_capture_snapshot_dir", PyUnicode_FromString(snap)) < 0 ||
+        write_record_at(lg, dir, NULL, rec) < 0)
+        goto done;
+    snap_rec = PyDict_Copy(rec);
+    if (!snap_rec || fi_dump_dict_set(snap_rec, "dump_dir", PyUnicode_FromString(snap)) < 0 ||
+        fi_dump_dict_set(snap_rec, "graph_capture_base_dump_dir", PyUnicode_FromString(dir)) < 0)
+        goto done;
+    r = write_record_at(lg, snap, NULL, snap_rec);
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(snap_rec);
+    return r;
+}
+
+/* Whether a held part (inputs or outputs: key -> tensor, or NULL) has tensors to write. */
+static int held_part(PyObject *tensors) { return tensors && PyDict_GET_SIZE(tensors) > 0; }
+
+/* One snapshot of a captured call, as FlashInfer writes it: per part (inputs, then
+ * outputs) the root file refreshed and graph_flushes/flush_NNNN/<part> written, then
+ * the part's records. Adds the parts written to *parts. */
+static int flush_entry(fi_logger *lg, graph_entry *e, Py_ssize_t *parts)
 {
     long n = ++e->flushes;
     size_t cap = strlen(e->dir) + 64;
@@ -622,81 +690,135 @@ static int flush_entry(fi_logger *lg, graph_entry *e)
         return -1;
     }
     snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", e->dir, n);
-    int r = fi_make_parents(snap, 0700);
+    int r = fi_make_parents(snap, 0700); /* also remakes a call directory wiped meanwhile */
     if (r < 0)
         PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
     snap[strlen(snap) - 1] = '\0';
-    long long bytes = 0;
-    const char *targets[2] = {snap, e->dir};
+    const struct {
+        PyObject *tensors;
+        const char *stem, *status;
+    } part[2] = {{e->inputs, "inputs", "inputs_saved"}, {e->outputs, "outputs", "completed"}};
     for (int i = 0; r == 0 && i < 2; i++) {
-        Py_ssize_t w = save_tensors_at(lg, targets[i], "inputs", e->inputs);
-        Py_ssize_t w2 = 0;
-        if (w >= 0 && e->outputs && PyDict_GET_SIZE(e->outputs) > 0)
-            w2 = save_tensors_at(lg, targets[i], "outputs", e->outputs);
-        if (w < 0 || w2 < 0)
-            r = -1;
-        else
-            bytes += w + w2;
+        if (!held_part(part[i].tensors))
+            continue;
+        Py_ssize_t w = save_tensors_at(lg, e->dir, part[i].stem, part[i].tensors, NULL);
+        Py_ssize_t w2 = w < 0 ? -1 : save_tensors_at(lg, snap, part[i].stem, part[i].tensors, NULL);
+        r = w2 < 0 ? -1 : write_flush_records(lg, e->record, part[i].status, n, e->dir, snap);
+        if (r == 0) {
+            lg->dump_bytes += w + w2;
+            (*parts)++;
+        }
     }
     free(snap);
-    if (r < 0)
-        return -1;
-    lg->dump_bytes += bytes;
-    PyObject *record = PyDict_Copy(e->record);
-    if (!record)
-        return -1;
-    if (fi_dump_dict_set(record, "execution_status", PyUnicode_FromString("completed")) < 0 ||
-        fi_dump_dict_set(record, "graph_flush", PyLong_FromLong(n)) < 0 ||
-        write_record_at(lg, e->dir, NULL, record) < 0) {
-        Py_DECREF(record);
-        return -1;
+    return r;
+}
+
+/* The held call in a graph_pending capsule; NULL (no exception) for anything else. */
+static graph_entry *entry_at(PyObject *pending, Py_ssize_t i)
+{
+    graph_entry *e = PyCapsule_GetPointer(PyList_GET_ITEM(pending, i), GRAPH_ENTRY_CAPSULE);
+    if (!e)
+        PyErr_Clear();
+    return e;
+}
+
+/* Whether a held call belongs to graph (NULL or None: every call). */
+static int entry_of_graph(const graph_entry *e, PyObject *graph)
+{
+    if (!graph || graph == Py_None)
+        return 1;
+    int eq = PyObject_RichCompareBool(e->graph, graph, Py_EQ);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq == 1;
+}
+
+/* The number of parts (inputs, outputs) a flush of graph would write now. */
+static Py_ssize_t pending_parts(fi_logger *lg, PyObject *graph)
+{
+    Py_ssize_t parts = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lg->graph_pending); i++) {
+        graph_entry *e = entry_at(lg->graph_pending, i);
+        if (e && entry_of_graph(e, graph))
+            parts += held_part(e->inputs) + held_part(e->outputs);
     }
-    Py_DECREF(record);
-    return 0;
+    return parts;
 }
 
 /* ---------------------------------------------- the Logger's graph methods */
 
-PyDoc_STRVAR(flush_graph_dumps_doc,
-             "flush_graph_dumps()\n--\n\nWrite the tensors of calls recorded during CUDA graph "
-             "capture (their current values) as a new snapshot; returns how many calls.");
-
-static PyObject *flush_graph_dumps(PyObject *self, PyObject *unused)
+/* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
+static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
 {
-    (void)unused;
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s takes at most 1 argument (graph), got %zd", method,
+                     nargs);
+        return -1;
+    }
+    *graph = nargs ? args[0] : NULL;
+    return 0;
+}
+
+PyDoc_STRVAR(flush_graph_dumps_doc,
+             "flush_graph_dumps(graph=None)\n--\n\nWrite the held tensors (their current "
+             "values) of the calls recorded while CUDA graph `graph` (its id; None: any) was "
+             "captured, as a new snapshot: per part (inputs, outputs) the root tensor file "
+             "refreshed, graph_flushes/flush_NNNN/<part> written, a record with "
+             "graph_capture_flushed / _flush_index / _snapshot_dir appended to the call's "
+             "metadata.jsonl and one with graph_capture_base_dump_dir to the snapshot's. "
+             "Returns how many parts were written.");
+
+static PyObject *flush_graph_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
     fi_logger *lg = (fi_logger *)self;
+    PyObject *graph;
+    if (graph_arg(args, nargs, "flush_graph_dumps", &graph) < 0)
+        return NULL;
     PyObject *pending = PySequence_List(lg->graph_pending); /* flushing may run Python code */
     if (!pending)
         return NULL;
-    Py_ssize_t done = 0;
+    Py_ssize_t parts = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
-        graph_entry *e = PyCapsule_GetPointer(PyList_GET_ITEM(pending, i), GRAPH_ENTRY_CAPSULE);
-        if (e && flush_entry(lg, e) == 0) {
-            done++;
+        graph_entry *e = entry_at(pending, i);
+        if (e && (!entry_of_graph(e, graph) || flush_entry(lg, e, &parts) == 0))
             continue;
-        }
         PyObject *name = e ? PyDict_GetItemString(e->record, "function_name") : NULL;
         log_dump_error(lg, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
     }
     Py_DECREF(pending);
-    return PyLong_FromSsize_t(done);
+    return PyLong_FromSsize_t(parts);
+}
+
+PyDoc_STRVAR(pending_graph_dumps_doc,
+             "pending_graph_dumps(graph=None)\n--\n\nHow many parts (inputs, outputs) a "
+             "flush_graph_dumps(graph) would write now.");
+
+static PyObject *pending_graph_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "pending_graph_dumps", &graph) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(pending_parts((fi_logger *)self, graph));
 }
 
 PyDoc_STRVAR(clear_graph_dumps_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
-                                    "CUDA graph capture; returns how many were dropped.");
+                                    "CUDA graph capture; returns how many parts were held.");
 
 static PyObject *clear_graph_dumps(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    PyObject *pending = ((fi_logger *)self)->graph_pending;
-    Py_ssize_t n = PyList_GET_SIZE(pending);
-    if (PyList_SetSlice(pending, 0, n, NULL) < 0)
+    fi_logger *lg = (fi_logger *)self;
+    Py_ssize_t parts = pending_parts(lg, NULL);
+    if (PyList_SetSlice(lg->graph_pending, 0, PyList_GET_SIZE(lg->graph_pending), NULL) < 0)
         return NULL;
-    return PyLong_FromSsize_t(n);
+    return PyLong_FromSsize_t(parts);
 }
 
 static PyMethodDef graph_methods[] = {
-    {"flush_graph_dumps", flush_graph_dumps, METH_NOARGS, flush_graph_dumps_doc},
+    {"flush_graph_dumps", (PyCFunction)(void (*)(void))flush_graph_dumps, METH_FASTCALL,
+     flush_graph_dumps_doc},
+    {"pending_graph_dumps", (PyCFunction)(void (*)(void))pending_graph_dumps, METH_FASTCALL,
+     pending_graph_dumps_doc},
     {"clear_graph_dumps", clear_graph_dumps, METH_NOARGS, clear_graph_dumps_doc},
     {NULL},
 };

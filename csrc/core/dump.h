@@ -29,9 +29,11 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
 void fi_dump_end(fi_dump_call *call, PyObject *result);
 
 /* Adds the Logger's methods for calls recorded during CUDA graph capture (after
- * fi_logger_exec): flush_graph_dumps() writes each with the current values of its held
- * tensors (graph_flushes/flush_NNNN/, the root tensor files refreshed, a "completed"
- * metadata line); clear_graph_dumps() forgets them. */
+ * fi_logger_exec), each held with the graph being captured (Logger.capture_graph, set by
+ * graph_hooks): flush_graph_dumps(graph=None) writes those of one graph (or all) with the
+ * current values of their held tensors, as FlashInfer does; pending_graph_dumps(graph=None)
+ * counts the parts (inputs, outputs) a flush would write; clear_graph_dumps() forgets them
+ * and returns that count. */
 int fi_dump_exec(PyObject *module);
 
 #endif

@@ -21,21 +21,21 @@ int fi_format_exec(PyObject *module)
     return enum_type ? 0 : -1;
 }
 
-static int start_line(fi_buf *b, int indent, int *indent_first)
+PyObject *fi_format_text_of(PyObject *obj, int use_repr)
 {
-    int r = *indent_first ? fi_buf_indent(b, indent) : 0;
-    *indent_first = 1;
-    return r;
+    PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
+    if (s)
+        return s;
+    PyErr_Clear();
+    return PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(obj)));
 }
 
 /* Appends str(obj) or repr(obj); a raising repr becomes "<TypeName object>". */
 static int put_text(fi_buf *b, PyObject *obj, int use_repr)
 {
-    PyObject *s = use_repr ? PyObject_Repr(obj) : PyObject_Str(obj);
-    if (!s) {
-        PyErr_Clear();
-        return fi_buf_printf(b, "<%s object>", _PyType_Name(Py_TYPE(obj)));
-    }
+    PyObject *s = fi_format_text_of(obj, use_repr);
+    if (!s)
+        return -1;
     Py_ssize_t n;
     const char *u = PyUnicode_AsUTF8AndSize(s, &n);
     int r;
@@ -57,17 +57,25 @@ static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
-static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level, int indent_first)
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad)
 {
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
+    if (fi_tensor_from_py(tensor, t) < 0)
         return -1;
     PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
     if (!rg)
         return -1;
-    int requires_grad = PyObject_IsTrue(rg);
+    *requires_grad = PyObject_IsTrue(rg);
     Py_DECREF(rg);
-    start_line(b, indent, &indent_first);
+    return *requires_grad < 0 ? -1 : 0;
+}
+
+static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
+{
+    fi_tensor t;
+    int requires_grad;
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
+        return -1;
+    fi_buf_indent(b, indent);
     fi_buf_puts(b, "Tensor(\n");
     fi_buf_indent(b, indent + 1);
     fi_buf_puts(b, "shape=");
@@ -129,7 +137,8 @@ static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int 
         Py_INCREF(item);
         fi_buf_indent(b, indent + 1);
         fi_buf_printf(b, "[%zd]: ", i);
-        int r = fi_format_value(b, item, indent + 1, level, 0);
+        /* the item's own indentation follows the "[i]: " (FlashInfer's layout) */
+        int r = fi_format_value(b, item, indent + 1, level);
         Py_DECREF(item);
         if (r < 0)
             return -1;
@@ -151,7 +160,7 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
         fi_buf_indent(b, indent + 1);
         put_text(b, PyTuple_GET_ITEM(kv, 0), 1);
         fi_buf_puts(b, ": ");
-        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, level, 0) < 0) {
+        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, level) < 0) {
             Py_DECREF(items);
             return -1;
         }
@@ -161,17 +170,17 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
     return fi_buf_puts(b, "}\n");
 }
 
-int fi_format_value(fi_buf *b, PyObject *v, int indent, int level, int indent_first)
+int fi_format_value(fi_buf *b, PyObject *v, int indent, int level)
 {
     if (Py_EnterRecursiveCall(" while formatting a value for the log"))
         return -1;
     int r;
     if (fi_is_tensor(v)) {
-        r = format_tensor(b, v, indent, level, indent_first);
+        r = format_tensor(b, v, indent, level);
         Py_LeaveRecursiveCall();
         return r;
     }
-    start_line(b, indent, &indent_first);
+    fi_buf_indent(b, indent);
     if (v == Py_None)
         r = fi_buf_puts(b, "None\n");
     else if (PyObject_TypeCheck(v, (PyTypeObject *)enum_type))

@@ -6,13 +6,23 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "flashinfer_kernels.h"
 #include "strbuf.h"
 
-/* Appends value as lines at indent (two spaces per level), each ending in '\n'.
- * With indent_first == 0 the first line carries no indentation (it continues a
- * "key: " prefix). level >= 5 adds tensor statistics. Returns -1 with an exception
- * set only for failures outside a value's own repr (e.g. out of memory). */
-int fi_format_value(fi_buf *b, PyObject *value, int indent, int level, int indent_first);
+/* Appends value as lines at indent (two spaces per level), each ending in '\n'; the
+ * items of lists, tuples and dicts follow their "[i]: " / "key: " prefix with their
+ * own indentation, as FlashInfer prints them. level >= 5 adds tensor statistics.
+ * Returns -1 with an exception set only for failures outside a value's own repr
+ * (e.g. out of memory). */
+int fi_format_value(fi_buf *b, PyObject *value, int indent, int level);
+
+/* str(obj) or repr(obj) as a new str; when that raises, "<TypeName object>" (the
+ * exception cleared). NULL only when memory runs out. */
+PyObject *fi_format_text_of(PyObject *obj, int use_repr);
+
+/* A tensor's metadata and requires_grad, as a log record describes it. -1 with an
+ * exception set when obj is not a usable tensor. */
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad);
 
 /* Borrowed enum.Enum type (cached by fi_format_exec). */
 PyObject *fi_enum_type(void);

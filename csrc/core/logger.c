@@ -5,6 +5,8 @@
 #include <structmember.h>
 #include <unistd.h>
 
+#include "format_json.h"
+#include "json.h"
 #include "module.h"
 
 static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
@@ -48,6 +50,7 @@ static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
     Py_VISIT(lg->call_counters);
     Py_VISIT(lg->static_meta);
     Py_VISIT(lg->graph_pending);
+    Py_VISIT(lg->capture_graph);
     return 0;
 }
 
@@ -56,6 +59,7 @@ static int logger_clear(fi_logger *lg)
     Py_CLEAR(lg->call_counters);
     Py_CLEAR(lg->static_meta);
     Py_CLEAR(lg->graph_pending);
+    Py_CLEAR(lg->capture_graph);
     return 0;
 }
 
@@ -90,16 +94,40 @@ const char *fi_logger_timestamp(fi_logger *lg)
     return lg->ts_text;
 }
 
+/* Text as a JSON "message" record: one line per text record, its final newline dropped. */
+static int write_as_json_message(fi_logger *lg, const char *data, size_t len)
+{
+    if (len && data[len - 1] == '\n')
+        len--;
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_format_json_head(&b, "message", NULL, -1);
+    fi_format_json_key(&b, "text");
+    fi_json_str(&b, data, len);
+    int r = fi_format_json_close(&b) < 0 ? -1 : fi_sink_write(&lg->sink, b.data, b.len);
+    fi_buf_free(&b);
+    return r;
+}
+
+static int write_record(fi_logger *lg, const char *data, size_t len)
+{
+    if (lg->cfg.log_format == FI_LOG_JSON && (len == 0 || data[0] != '{'))
+        return write_as_json_message(lg, data, len);
+    return fi_sink_write(&lg->sink, data, len);
+}
+
 void fi_logger_emit(fi_logger *lg, const char *data, size_t len)
 {
-    if (fi_sink_write(&lg->sink, data, len) == 0)
+    if (write_record(lg, data, len) == 0)
         return;
     PyErr_Clear();
     if (lg->sink.kind != FI_SINK_STDERR)
         fi_warn_stderr("[flashinfer] WARNING: could not write a log record\n");
 }
 
-PyDoc_STRVAR(logger_write_doc, "write(text)\n--\n\nWrite one whole record to the log destination.");
+PyDoc_STRVAR(logger_write_doc,
+             "write(text)\n--\n\nWrite one whole record to the log destination (in the JSON "
+             "format,\ntext that is not a JSON object becomes a \"message\" record).");
 
 static PyObject *logger_write(fi_logger *lg, PyObject *text)
 {
@@ -107,7 +135,7 @@ static PyObject *logger_write(fi_logger *lg, PyObject *text)
     const char *s = PyUnicode_AsUTF8AndSize(text, &n);
     if (!s)
         return NULL;
-    if (fi_sink_write(&lg->sink, s, (size_t)n) < 0)
+    if (write_record(lg, s, (size_t)n) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -145,6 +173,11 @@ static PyObject *patterns_tuple(char *const *items, int n)
     return t;
 }
 
+static PyObject *get_log_format(fi_logger *lg, void *c)
+{
+    (void)c;
+    return PyUnicode_FromString(lg->cfg.log_format == FI_LOG_JSON ? "json" : "text");
+}
 static PyObject *get_level(fi_logger *lg, void *c)
 {
     (void)c;
@@ -195,6 +228,7 @@ static PyObject *get_sink(fi_logger *lg, void *c)
 
 static PyGetSetDef logger_getset[] = {
     {"level", (getter)get_level, NULL, "Log level after rounding (0, 1, 3, 5, 10).", NULL},
+    {"log_format", (getter)get_log_format, NULL, "FLASHINFER_LOGFORMAT: 'text' or 'json'.", NULL},
     {"logdest", (getter)get_logdest, NULL, "FLASHINFER_LOGDEST with %i substituted.", NULL},
     {"dump_dir", (getter)get_dump_dir, NULL, "FLASHINFER_DUMP_DIR with %i substituted.", NULL},
     {"max_size_gb", (getter)get_max_size_gb, NULL, "FLASHINFER_DUMP_MAX_SIZE_GB.", NULL},
@@ -209,6 +243,8 @@ static PyGetSetDef logger_getset[] = {
 static PyMemberDef logger_members[] = {
     {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
      "Tests: record every call as if a CUDA graph were being captured."},
+    {"capture_graph", T_OBJECT, offsetof(fi_logger, capture_graph), 0,
+     "id() of the CUDAGraph being captured, set by the capture hooks; None outside."},
     {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
     {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
     {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,

@@ -23,10 +23,11 @@ typedef struct {
     PyObject *call_counters; /* dict: API name -> int, for the directory names */
     PyObject *static_meta;   /* dict: "versions" etc., set from Python */
     PyObject *graph_pending; /* list: calls recorded during CUDA graph capture */
+    PyObject *capture_graph; /* id of the CUDAGraph being captured (graph_hooks), or NULL */
     int force_graph_capture; /* tests: treat every call as captured */
-    int count_cap_warned, size_cap_warned;
     int dump_root_ready;
-    int session_fd; /* DUMP_DIR/session.jsonl, opened on first use */
+    int session_fd;         /* DUMP_DIR/session.jsonl, opened on first use */
+    long long json_call_id; /* JSON log: the last call's id (pairs its call/return lines) */
 } fi_logger;
 
 /* Borrowed; valid while the module lives. */
@@ -39,7 +40,9 @@ const char *fi_logger_timestamp(fi_logger *lg);
 int fi_logger_dumps_suspended(fi_logger *lg);
 
 /* Writes a record; on failure the exception is swallowed and one error line is
- * attempted on stderr (logging never breaks the call). */
+ * attempted on stderr (logging never breaks the call). With FLASHINFER_LOGFORMAT=json a
+ * record that is not a JSON object (a warning, a dump error) is written as
+ * {"event": "message", "timestamp", "pid", "text"}. */
 void fi_logger_emit(fi_logger *lg, const char *data, size_t len);
 
 /* Adds the Logger type to the module. */

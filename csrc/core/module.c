@@ -3,8 +3,11 @@
 #include "module.h"
 
 #include "cuda_info.h"
+#include "difference.h"
 #include "dump.h"
 #include "format.h"
+#include "format_json.h"
+#include "histogram.h"
 #include "json.h"
 #include "logger.h"
 #include "stats.h"
@@ -42,16 +45,13 @@ static int module_clear(PyObject *module)
 static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
-    {Py_mod_exec, tensor_exec},
-    {Py_mod_exec, fi_format_exec},
-    {Py_mod_exec, fi_logger_exec},
+    {Py_mod_exec, tensor_exec},         {Py_mod_exec, fi_format_exec},
+    {Py_mod_exec, fi_format_json_exec}, {Py_mod_exec, fi_logger_exec},
     {Py_mod_exec, fi_dump_exec}, /* after the Logger type: gives it the graph-dump methods */
-    {Py_mod_exec, fi_wrapper_exec},
-    {Py_mod_exec, fi_json_exec},
-    {Py_mod_exec, fi_tensorio_exec},
-    {Py_mod_exec, fi_stats_exec},
-    {Py_mod_exec, fi_cuda_info_exec},
-    {0, NULL},
+    {Py_mod_exec, fi_wrapper_exec},     {Py_mod_exec, fi_json_exec},
+    {Py_mod_exec, fi_tensorio_exec},    {Py_mod_exec, fi_stats_exec},
+    {Py_mod_exec, fi_histogram_exec},   {Py_mod_exec, fi_difference_exec},
+    {Py_mod_exec, fi_cuda_info_exec},   {0, NULL},
 };
 
 PyModuleDef fi_module_def = {

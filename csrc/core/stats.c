@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tensor.h"
+#include "tensorio.h"
 
 /* ---- torch.Tensor glue -------------------------------------------------------------- */
 
@@ -196,9 +197,74 @@ static int apply_neg_bit(PyObject *tensor, fi_stats *out)
     return 0;
 }
 
+/* ---- statistics a dump took while writing ------------------------------------------- */
+
+/* A level-10 call's input tensors, their data pointers and version counters when the
+ * dump wrote them, and the statistics it took on the way; guarded by the GIL. A tensor
+ * changed since (in place, or by set_) no longer matches, and is read again. */
+#define REMEMBERED_MAX 32
+typedef struct {
+    PyObject *tensor; /* owned, so that the address cannot be reused meanwhile */
+    void *data;
+    long long version;
+    fi_stats stats;
+} remembered_stats;
+
+static remembered_stats remembered[REMEMBERED_MAX];
+static int remembered_count;
+
+/* tensor._version, or -1 (no exception) when it cannot be read. */
+static long long version_of(PyObject *tensor)
+{
+    PyObject *v = PyObject_GetAttrString(tensor, "_version");
+    long long r = v ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    if (r == -1)
+        PyErr_Clear();
+    return r;
+}
+
+void fi_stats_remember(PyObject *tensor, const fi_stats *stats)
+{
+    fi_tensor t;
+    if (remembered_count == REMEMBERED_MAX || fi_tensor_from_py(tensor, &t) < 0) {
+        PyErr_Clear();
+        return;
+    }
+    long long version = version_of(tensor);
+    if (version < 0)
+        return;
+    remembered[remembered_count++] = (remembered_stats){Py_NewRef(tensor), t.data, version, *stats};
+}
+
+void fi_stats_forget(void)
+{
+    while (remembered_count > 0) {
+        remembered_count--; /* first: a finalizer that runs on the decref finds the slot gone */
+        Py_CLEAR(remembered[remembered_count].tensor);
+    }
+}
+
+/* The remembered statistics of tensor (t: its metadata now), if they still hold. */
+static const fi_stats *remembered_for(PyObject *tensor, const fi_tensor *t)
+{
+    for (int i = 0; i < remembered_count; i++) {
+        const remembered_stats *r = &remembered[i];
+        if (r->tensor == tensor && r->data == t->data && r->stats.numel == fi_tensor_numel(t) &&
+            r->version == version_of(tensor))
+            return &r->stats;
+    }
+    return NULL;
+}
+
 /* Reads statistics of a CPU tensor in place. */
 static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *out)
 {
+    const fi_stats *known = remembered_for(tensor, t);
+    if (known) {
+        *out = *known;
+        return 0;
+    }
     int64_t numel = fi_tensor_numel(t);
     int rc;
     if (numel > 0 && numel >= STATS_NOGIL_BYTES / (int64_t)fi_dtype_size(t->dtype)) {
@@ -326,7 +392,9 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
     fi_tensor t;
     if (fi_tensor_from_py(tensor, &t) < 0)
         return -1;
-    return stats_of_known(tensor, &t, out);
+    int r = stats_of_known(tensor, &t, out);
+    out->dtype = dtype;
+    return r;
 }
 
 /* ---- text ---------------------------------------------------------------------------- */
@@ -341,13 +409,37 @@ static void put_float_line(fi_buf *buf, int indent, const char *name, double v)
         fi_buf_printf(buf, "%s=%.6f\n", name, v);
 }
 
+/* The dtypes FlashInfer's log shows statistics for: float64/32/16, bfloat16, the two
+ * float8 kinds with an inf (e4m3fn, e5m2), int8 to int64 and uint8. */
+static int dtype_logged(fi_dtype dtype)
+{
+    switch (dtype) {
+    case FI_DTYPE_F64:
+    case FI_DTYPE_F32:
+    case FI_DTYPE_F16:
+    case FI_DTYPE_BF16:
+    case FI_DTYPE_E4M3FN:
+    case FI_DTYPE_E5M2:
+    case FI_DTYPE_I8:
+    case FI_DTYPE_I16:
+    case FI_DTYPE_I32:
+    case FI_DTYPE_I64:
+    case FI_DTYPE_U8:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
 {
+    /* a NaN makes min, max and mean NaN, as torch's reductions (FlashInfer's log) do */
+    int has_nan = st->nan_count > 0;
     switch (st->kind) {
     case FI_STATS_FLOAT:
-        put_float_line(buf, indent, "min", st->min);
-        put_float_line(buf, indent, "max", st->max);
-        put_float_line(buf, indent, "mean", st->mean);
+        put_float_line(buf, indent, "min", has_nan ? NAN : st->min);
+        put_float_line(buf, indent, "max", has_nan ? NAN : st->max);
+        put_float_line(buf, indent, "mean", has_nan ? NAN : st->mean);
         fi_buf_indent(buf, indent);
         fi_buf_printf(buf, "nan_count=%lld\n", (long long)st->nan_count);
         fi_buf_indent(buf, indent);
@@ -372,8 +464,10 @@ int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
         break;
     case FI_STATS_DEFERRED:
         fi_buf_indent(buf, indent);
-        fi_buf_printf(buf, "[stats deferred to GPU kernel: id=%lld numel=%lld dtype=%s]\n",
-                      st->deferred_id, (long long)st->numel, fi_dtype_name(st->dtype));
+        fi_buf_printf(buf,
+                      "[stats deferred to GPU kernel: id=%lld; look for '[flashinfer stats] "
+                      "id=%lld ...' in graph replay output]\n",
+                      st->deferred_id, st->deferred_id);
         break;
     case FI_STATS_NONE:
         break;
@@ -404,29 +498,45 @@ static PyObject *take_exception_text(void)
     return text;
 }
 
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error)
+{
+    int r;
+    *error = NULL;
+    if (known) {
+        memset(out, 0, sizeof(*out));
+        r = stats_of_known(tensor, known, out);
+        out->dtype = known->dtype;
+    } else {
+        r = fi_stats_of_tensor(tensor, out);
+    }
+    if (r == 0)
+        return 0;
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    memset(out, 0, sizeof(*out));
+    *error = take_exception_text();
+    return *error ? 0 : -1;
+}
+
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent)
 {
     fi_stats st;
-    int r;
-    if (known) {
-        memset(&st, 0, sizeof(st));
-        r = stats_of_known(tensor, known, &st);
-    } else {
-        r = fi_stats_of_tensor(tensor, &st);
-    }
-    if (r == 0)
-        return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
+    PyObject *error;
+    if (fi_stats_or_error(tensor, known, &st, &error) < 0)
         return -1;
-    PyObject *text = take_exception_text();
-    const char *s = text ? PyUnicode_AsUTF8(text) : NULL;
+    int computed = st.kind == FI_STATS_FLOAT || st.kind == FI_STATS_INT;
+    if (!error && computed && !dtype_logged(st.dtype))
+        return 0;
+    if (!error)
+        return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
+    const char *s = PyUnicode_AsUTF8(error);
     if (!s) {
-        Py_XDECREF(text);
+        Py_DECREF(error);
         return -1;
     }
     fi_buf_indent(buf, indent);
     fi_buf_printf(buf, "[statistics error: %s]\n", s);
-    Py_DECREF(text);
+    Py_DECREF(error);
     if (buf->oom) {
         PyErr_NoMemory();
         return -1;
@@ -543,7 +653,39 @@ static PyObject *py_format_tensor_stats(PyObject *module, PyObject *const *args,
     return r;
 }
 
+PyDoc_STRVAR(save_taking_stats_doc,
+             "_save_tensors_taking_stats(path, tensors, safetensors=False, /)\n--\n\n"
+             "save_tensors as a level-10 dump saves a call's inputs: the statistics taken\n"
+             "while writing are what tensor_stats answers until _forget_stats(); returns how\n"
+             "many tensors had them taken. For tests.");
+
+static PyObject *py_save_taking_stats(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *path = NULL, *tensors;
+    int safetensors = 0;
+    if (!PyArg_ParseTuple(args, "O&O!|p:_save_tensors_taking_stats", PyUnicode_FSConverter, &path,
+                          &PyDict_Type, &tensors, &safetensors))
+        return NULL;
+    int before = remembered_count;
+    Py_ssize_t n = fi_save_tensor_dict_stats(PyBytes_AS_STRING(path), tensors,
+                                             safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH,
+                                             fi_stats_remember);
+    Py_DECREF(path);
+    return n < 0 ? NULL : PyLong_FromLong(remembered_count - before);
+}
+
+static PyObject *py_forget_stats(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    fi_stats_forget();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef stats_methods[] = {
+    {"_save_tensors_taking_stats", py_save_taking_stats, METH_VARARGS, save_taking_stats_doc},
+    {"_forget_stats", py_forget_stats, METH_NOARGS, "_forget_stats()\n--\n\nFor tests."},
     {"tensor_stats", (PyCFunction)py_tensor_stats, METH_O, tensor_stats_doc},
     {"format_tensor_stats", (PyCFunction)(void (*)(void))py_format_tensor_stats, METH_FASTCALL,
      format_tensor_stats_doc},

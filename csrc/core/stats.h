@@ -20,12 +20,27 @@
  * Returns -1 with a Python exception set on failure. */
 int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
 
+/* Statistics a level-10 dump took while writing tensor (an fi_stats_sink): until
+ * fi_stats_forget, fi_stats_of_tensor answers with them while the tensor's data pointer
+ * and version counter are unchanged. The dump forgets them when its call ends. */
+void fi_stats_remember(PyObject *tensor, const fi_stats *stats);
+void fi_stats_forget(void);
+
 /* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
- * each) and ended by '\n'; nothing for FI_STATS_NONE. Returns -1 on allocation failure. */
+ * each) and ended by '\n'; nothing for FI_STATS_NONE. As in FlashInfer's log, a tensor
+ * with a NaN prints min, max and mean as nan. Returns -1 on allocation failure. */
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
 
+/* fi_stats_of_tensor (known: the tensor's metadata when the caller read it already, else
+ * NULL); a failure that is an Exception becomes *error (a new str, the exception cleared)
+ * and returns 0 with kind FI_STATS_NONE. -1 with an exception set only for out-of-memory
+ * or a non-Exception error such as KeyboardInterrupt. */
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error);
+
 /* fi_stats_of_tensor then fi_stats_format (known: the tensor's metadata when the caller
- * read it already, else NULL); a failure (an Exception subclass) becomes the
+ * read it already, else NULL), for the dtypes FlashInfer's log shows statistics of
+ * (float64/32/16, bfloat16, float8 e4m3fn/e5m2, int8-64, uint8; not bool, the other
+ * unsigned and float8 kinds); a failure (an Exception subclass) becomes the
  * line "[statistics error: message]" and is cleared. Returns -1 with an exception set
  * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent);

@@ -7,6 +7,8 @@
 #include "config.h"
 #include "dump.h"
 #include "format.h"
+#include "format_json.h"
+#include "json.h"
 #include "logger.h"
 #include "module.h"
 #include "strbuf.h"
@@ -38,12 +40,11 @@ typedef struct {
     PyObject *dict;
     PyObject *weakrefs;
     PyObject *name;           /* func.__name__ */
-    PyObject *owner_name;     /* class before the last dot of __qualname__, or NULL */
     PyObject *signature_text; /* str(inspect.signature(func)) or None */
     Py_ssize_t nparams;
     param_info *params;
-    PyObject *cached_type;     /* last class seen for a method call ... */
-    PyObject *cached_api_name; /* ... and its "Cls.method" */
+    PyObject *cached_type;     /* class of the last call's first argument ... */
+    PyObject *cached_api_name; /* ... and its "Cls.method", or None for the bare name */
     vectorcallfunc vectorcall;
 } fi_wrapper;
 
@@ -56,59 +57,48 @@ typedef struct {
 
 /* ---------------------------------------------------------------- API names */
 
-/* "Cls.method" for cls, cached for the last class seen. Returns a borrowed ref. */
-static PyObject *method_name_for(fi_wrapper *w, PyObject *cls)
+/* "Cls.method" when the class name contains "Wrapper" or is "MoELayer", else None:
+ * FlashInfer's test for a stateful object. New reference, NULL with exception. */
+static PyObject *stateful_method_name(PyObject *cls, PyObject *method)
 {
-    if (cls == w->cached_type && w->cached_api_name)
-        return w->cached_api_name;
     PyObject *cls_name = PyObject_GetAttr(cls, fi_names.name);
     if (!cls_name)
         return NULL;
-    PyObject *full = PyUnicode_FromFormat("%S.%S", cls_name, w->name);
+    const char *text = PyUnicode_Check(cls_name) ? PyUnicode_AsUTF8(cls_name) : "";
+    PyObject *full;
+    if (!text)
+        full = NULL;
+    else if (strstr(text, "Wrapper") || strcmp(text, "MoELayer") == 0)
+        full = PyUnicode_FromFormat("%S.%S", cls_name, method);
+    else
+        full = Py_NewRef(Py_None);
     Py_DECREF(cls_name);
-    if (!full)
-        return NULL;
-    Py_INCREF(cls);
-    Py_XSETREF(w->cached_type, cls);
-    Py_XSETREF(w->cached_api_name, full);
     return full;
 }
 
-/* The API name of SPEC 2: __name__ for functions; for methods the class of self at
- * call time. An unbound call (Cls.method(obj, ...) or a staticmethod) uses the type
- * of the first argument when that type resolves the attribute to this very wrapper,
- * else the class named in __qualname__ (then *self is set to that argument).
- * Borrowed reference; NULL with exception. */
+/* The API name as FlashInfer's decorator makes it: __name__, prefixed with the class
+ * of the first positional argument (which is then self, for self_id) when that class
+ * is a stateful one by FlashInfer's test; so a method of any other class logs its bare
+ * name, and a classmethod or staticmethod is named by its first argument. The answer
+ * is cached for the last class seen. Borrowed reference; NULL with exception. */
 static PyObject *api_name(fi_wrapper *w, PyObject **self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!w->owner_name)
+    *self = NULL;
+    if (nargs == 0)
         return w->name;
-    if (*self)
-        return method_name_for(w, PyType_Check(*self) ? *self : (PyObject *)Py_TYPE(*self));
-    if (nargs > 0) {
-        PyObject *cls = (PyObject *)Py_TYPE(args[0]);
-        int same = cls == w->cached_type && w->cached_api_name;
-        if (!same) {
-            PyObject *attr = PyObject_GetAttr(cls, w->name);
-            if (!attr)
-                PyErr_Clear();
-            same = attr == (PyObject *)w;
-            Py_XDECREF(attr);
-        }
-        if (same) {
-            *self = args[0]; /* an unbound call: the first argument is self */
-            return method_name_for(w, cls);
-        }
+    PyObject *cls = (PyObject *)Py_TYPE(args[0]);
+    if (cls != w->cached_type || !w->cached_api_name) {
+        PyObject *full = stateful_method_name(cls, w->name);
+        if (!full)
+            return NULL;
+        Py_INCREF(cls);
+        Py_XSETREF(w->cached_type, cls);
+        Py_XSETREF(w->cached_api_name, full);
     }
-    if (w->cached_type == Py_None && w->cached_api_name)
-        return w->cached_api_name;
-    PyObject *full = PyUnicode_FromFormat("%S.%S", w->owner_name, w->name);
-    if (!full)
-        return NULL;
-    Py_INCREF(Py_None);
-    Py_XSETREF(w->cached_type, Py_None);
-    Py_XSETREF(w->cached_api_name, full);
-    return full;
+    if (w->cached_api_name == Py_None)
+        return w->name;
+    *self = args[0];
+    return w->cached_api_name;
 }
 
 /* ------------------------------------------------------------- log records */
@@ -132,7 +122,15 @@ static void emit_logging_error(fi_logger *lg, const char *name, const char *wher
     }
     fi_buf b;
     fi_buf_init(&b);
-    fi_buf_printf(&b, "[LOGGING ERROR in %s (%s)]: %s\n", name, where, m);
+    if (lg->cfg.log_format == FI_LOG_JSON) {
+        fi_format_json_head(&b, "logging_error", name, -1);
+        fi_buf_printf(&b, ", \"where\": \"%s\", \"message\": ", where);
+        fi_json_str(&b, m, strlen(m));
+        if (fi_format_json_close(&b) < 0)
+            PyErr_Clear();
+    } else {
+        fi_buf_printf(&b, "[LOGGING ERROR in %s (%s)]: %s\n", name, where, m);
+    }
     emit_buf(lg, &b);
     fi_buf_free(&b);
     Py_XDECREF(msg);
@@ -156,6 +154,49 @@ static int provided_by_keyword(PyObject *name, PyObject *kwnames)
     return 0;
 }
 
+/* Appends one defaulted parameter; first is set for the first one of the call. */
+typedef int (*default_put_fn)(fi_buf *b, const char *name, PyObject *value, int level, int first);
+
+/* Calls put for every parameter that has a default and was given neither positionally
+ * nor by keyword (SPEC 3.3), in signature order. Returns how many, or -1. */
+static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kwnames,
+                        default_put_fn put)
+{
+    int count = 0;
+    Py_ssize_t positional_seen = 0;
+    for (Py_ssize_t i = 0; i < w->nparams; i++) {
+        param_info *p = &w->params[i];
+        int positional = p->kind == KIND_POSITIONAL_ONLY || p->kind == KIND_POSITIONAL_OR_KEYWORD;
+        int given = positional && positional_seen < nargs;
+        if (positional)
+            positional_seen++;
+        if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
+            continue;
+        const char *pname = PyUnicode_AsUTF8(p->name);
+        if (!pname || put(b, pname, p->default_value, w->logger->cfg.level, count == 0) < 0)
+            return -1;
+        count++;
+    }
+    return count;
+}
+
+static int text_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+{
+    if (first)
+        fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
+    fi_buf_printf(b, "  %s= [DEFAULT]\n", name);
+    return fi_format_value(b, value, 2, level);
+}
+
+static int json_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+{
+    if (!first)
+        fi_buf_puts(b, ", ");
+    fi_json_str(b, name, strlen(name));
+    fi_buf_puts(b, ": ");
+    return fi_format_json_value(b, value, level);
+}
+
 /* The level-3/5 block written before the call (SPEC 3.3). */
 static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *const *args,
                          Py_ssize_t nargs, PyObject *kwnames)
@@ -171,7 +212,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         fi_buf_puts(b, "Positional input arguments:\n");
     for (Py_ssize_t i = 0; i < nargs; i++) {
         fi_buf_printf(b, "  arg[%zd]:\n", i);
-        if (fi_format_value(b, args[i], 2, level, 1) < 0)
+        if (fi_format_value(b, args[i], 2, level) < 0)
             return -1;
     }
     if (nkw > 0)
@@ -181,30 +222,11 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         if (!key)
             return -1;
         fi_buf_printf(b, "  %s=\n", key);
-        if (fi_format_value(b, args[nargs + i], 2, level, 1) < 0)
+        if (fi_format_value(b, args[nargs + i], 2, level) < 0)
             return -1;
     }
-    int header_done = 0;
-    Py_ssize_t positional_seen = 0;
-    for (Py_ssize_t i = 0; i < w->nparams; i++) {
-        param_info *p = &w->params[i];
-        int positional = p->kind == KIND_POSITIONAL_ONLY || p->kind == KIND_POSITIONAL_OR_KEYWORD;
-        int given = positional && positional_seen < nargs;
-        if (positional)
-            positional_seen++;
-        if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
-            continue;
-        if (!header_done) {
-            fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
-            header_done = 1;
-        }
-        const char *pname = PyUnicode_AsUTF8(p->name);
-        if (!pname)
-            return -1;
-        fi_buf_printf(b, "  %s= [DEFAULT]\n", pname);
-        if (fi_format_value(b, p->default_value, 2, level, 1) < 0)
-            return -1;
-    }
+    if (put_defaults(b, w, nargs, kwnames, text_default) < 0)
+        return -1;
     if (b->oom) {
         PyErr_NoMemory();
         return -1;
@@ -212,10 +234,94 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
     return 0;
 }
 
+/* The JSON "call" record of levels 3/5: args, kwargs and defaults, one line. */
+static int json_inputs(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
+                       PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    int level = w->logger->cfg.level;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    fi_format_json_head(b, "call", name, call_id);
+    fi_buf_printf(b, ", \"level\": %d, \"args\": [", level);
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        if (i)
+            fi_buf_puts(b, ", ");
+        if (fi_format_json_value(b, args[i], level) < 0)
+            return -1;
+    }
+    fi_buf_puts(b, "], \"kwargs\": {");
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        Py_ssize_t n;
+        const char *key = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(kwnames, i), &n);
+        if (!key)
+            return -1;
+        if (i)
+            fi_buf_puts(b, ", ");
+        fi_json_str(b, key, (size_t)n);
+        fi_buf_puts(b, ": ");
+        if (fi_format_json_value(b, args[nargs + i], level) < 0)
+            return -1;
+    }
+    fi_buf_puts(b, "}, \"defaults\": {");
+    if (put_defaults(b, w, nargs, kwnames, json_default) < 0)
+        return -1;
+    fi_buf_putc(b, '}');
+    return fi_format_json_close(b);
+}
+
+/* The one-line record of level 1 (and of calls the filters keep out of levels 3/5). */
+static void format_call_line(fi_buf *b, fi_logger *lg, const char *name, long long call_id)
+{
+    if (lg->cfg.log_format == FI_LOG_JSON) {
+        fi_format_json_head(b, "call", name, call_id);
+        fi_buf_puts(b, ", \"level\": 1}\n");
+    } else {
+        fi_buf_printf(b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+    }
+}
+
+static int json_output(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
+                       PyObject *result)
+{
+    fi_format_json_head(b, "return", name, call_id);
+    fi_format_json_key(b, "result");
+    if (fi_format_json_value(b, result, w->logger->cfg.level) < 0)
+        return -1;
+    return fi_format_json_close(b);
+}
+
+/* The JSON "exception" record after a call that raised; the exception stays pending. */
+static void emit_json_exception(fi_logger *lg, const char *name, long long call_id)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_format_json_head(&b, "exception", name, call_id);
+    fi_format_json_key(&b, "type");
+    const char *type_name = et ? _PyType_Name((PyTypeObject *)et) : "?";
+    fi_json_str(&b, type_name, strlen(type_name));
+    fi_format_json_key(&b, "message");
+    PyObject *msg = ev ? PyObject_Str(ev) : NULL;
+    Py_ssize_t n = 0;
+    const char *m = msg ? PyUnicode_AsUTF8AndSize(msg, &n) : NULL;
+    if (!m)
+        PyErr_Clear();
+    fi_json_str(&b, m ? m : "", m ? (size_t)n : 0);
+    if (fi_format_json_close(&b) == 0)
+        emit_buf(lg, &b);
+    PyErr_Clear();
+    fi_buf_free(&b);
+    Py_XDECREF(msg);
+    if (tb && ev)
+        PyException_SetTraceback(ev, tb);
+    PyErr_Restore(et, ev, tb);
+}
+
 static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
 {
     fi_buf_puts(b, "Output value:\n");
-    if (fi_format_value(b, result, 1, w->logger->cfg.level, 1) < 0)
+    if (fi_format_value(b, result, 1, w->logger->cfg.level) < 0)
         return -1;
     fi_buf_puts(b, SEP_LINE);
     fi_buf_putc(b, '\n');
@@ -228,14 +334,15 @@ static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
 
 /* ------------------------------------------------------------- the call path */
 
-/* args holds every argument (self first for bound calls); self is the bound object
- * or NULL. Logging failures are reported in the log and never reach the caller. */
-static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *args, size_t nargsf,
+/* args holds every argument (self first for bound calls). Logging failures are
+ * reported in the log and never reach the caller. */
+static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames)
 {
     fi_logger *lg = w->logger;
     int level = lg->cfg.level;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *self; /* the object whose id a dump records as self_id, or NULL */
     PyObject *name_obj = api_name(w, &self, args, nargs);
     if (!name_obj) {
         PyErr_Clear();
@@ -247,6 +354,8 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         PyErr_Clear();
         name = "<unnamed>";
     }
+    int json = lg->cfg.log_format == FI_LOG_JSON;
+    long long call_id = json ? ++lg->json_call_id : -1;
     int detailed = level >= 3 && fi_config_name_passes(&lg->cfg, name);
     fi_dump_call *dump = NULL;
     fi_buf b;
@@ -255,13 +364,17 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         fi_dump_api api = {name, w->func, w->signature_text, self};
         dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
     }
-    if (!detailed) {
-        fi_buf_printf(&b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+    /* levels 3+ log nothing at all for a call the include/exclude filters leave out
+     * (FlashInfer's rule); level 1 names every call */
+    if (level < 3) {
+        format_call_line(&b, lg, name, call_id);
         emit_buf(lg, &b);
-    } else if (format_inputs(&b, w, name, args, nargs, kwnames) == 0) {
-        emit_buf(lg, &b);
-    } else {
-        emit_logging_error(lg, name, "pre-execution");
+    } else if (detailed) {
+        if ((json ? json_inputs(&b, w, name, call_id, args, nargs, kwnames)
+                  : format_inputs(&b, w, name, args, nargs, kwnames)) == 0)
+            emit_buf(lg, &b);
+        else
+            emit_logging_error(lg, name, "pre-execution");
     }
 
     PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
@@ -270,11 +383,13 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
         fi_buf_reset(&b);
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        if (format_output(&b, w, result) == 0)
+        if ((json ? json_output(&b, w, name, call_id, result) : format_output(&b, w, result)) == 0)
             emit_buf(lg, &b);
         else
             emit_logging_error(lg, name, "outputs");
         PyErr_Restore(et, ev, tb);
+    } else if (!result && detailed && json) {
+        emit_json_exception(lg, name, call_id);
     }
     if (dump)
         fi_dump_end(dump, result);
@@ -286,7 +401,7 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *self, PyObject *const *
 static PyObject *wrapper_vectorcall(fi_wrapper *w, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames)
 {
-    return wrapper_invoke(w, NULL, args, nargsf, kwnames);
+    return wrapper_invoke(w, args, nargsf, kwnames);
 }
 
 #define SMALL_ARGS 16
@@ -302,7 +417,7 @@ static PyObject *bound_vectorcall(fi_bound *bm, PyObject *const *args, size_t na
         PyObject **shifted = (PyObject **)args - 1;
         PyObject *saved = shifted[0];
         shifted[0] = bm->self;
-        result = wrapper_invoke(bm->wrapper, bm->self, shifted, (size_t)(nargs + 1), kwnames);
+        result = wrapper_invoke(bm->wrapper, shifted, (size_t)(nargs + 1), kwnames);
         shifted[0] = saved;
         return result;
     }
@@ -317,7 +432,7 @@ static PyObject *bound_vectorcall(fi_bound *bm, PyObject *const *args, size_t na
     stack[1] = bm->self;
     if (total > 0)
         memcpy(stack + 2, args, (size_t)total * sizeof(PyObject *));
-    result = wrapper_invoke(bm->wrapper, bm->self, stack + 1,
+    result = wrapper_invoke(bm->wrapper, stack + 1,
                             (size_t)(nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
     if (stack != small)
         PyMem_Free(stack);
@@ -325,30 +440,6 @@ static PyObject *bound_vectorcall(fi_bound *bm, PyObject *const *args, size_t na
 }
 
 /* ------------------------------------------------------------ construction */
-
-/* The class segment before the last dot of __qualname__, or NULL for functions
- * (no dot, or a "<locals>" segment). Returns a new reference or NULL (no error). */
-static PyObject *owner_from_qualname(PyObject *func)
-{
-    PyObject *qn = PyObject_GetAttr(func, fi_names.qualname);
-    if (!qn || !PyUnicode_Check(qn)) {
-        PyErr_Clear();
-        Py_XDECREF(qn);
-        return NULL;
-    }
-    Py_ssize_t len = PyUnicode_GET_LENGTH(qn);
-    Py_ssize_t last = PyUnicode_FindChar(qn, '.', 0, len, -1);
-    PyObject *owner = NULL;
-    if (last > 0) {
-        Py_ssize_t prev = PyUnicode_FindChar(qn, '.', 0, last, -1);
-        owner = PyUnicode_Substring(qn, prev + 1, last);
-        if (owner && PyUnicode_CompareWithASCIIString(owner, "<locals>") == 0)
-            Py_CLEAR(owner);
-    }
-    PyErr_Clear();
-    Py_DECREF(qn);
-    return owner;
-}
 
 static int parse_params(fi_wrapper *w, PyObject *params)
 {
@@ -422,7 +513,6 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             return NULL;
         }
     }
-    w->owner_name = owner_from_qualname(func);
     if (parse_params(w, params) < 0) {
         Py_DECREF(w);
         return NULL;
@@ -449,7 +539,6 @@ static int wrapper_clear(fi_wrapper *w)
     Py_CLEAR(w->logger);
     Py_CLEAR(w->dict);
     Py_CLEAR(w->name);
-    Py_CLEAR(w->owner_name);
     Py_CLEAR(w->signature_text);
     Py_CLEAR(w->cached_type);
     Py_CLEAR(w->cached_api_name);
@@ -499,18 +588,8 @@ static PyObject *wrapper_repr(fi_wrapper *w)
     return PyUnicode_FromFormat("<flashinfer_api wrapper of %R>", w->func);
 }
 
-static PyObject *wrapper_get_api_name(fi_wrapper *w, void *c)
-{
-    (void)c;
-    if (w->owner_name)
-        return PyUnicode_FromFormat("%S.%S", w->owner_name, w->name);
-    Py_INCREF(w->name);
-    return w->name;
-}
-
 static PyGetSetDef wrapper_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
-    {"_api_name", (getter)wrapper_get_api_name, NULL, "API name used for direct calls.", NULL},
     {NULL},
 };
 

@@ -11,7 +11,6 @@
 #include "pickle.h"
 
 #define PTZIP_ALIGN 64
-#define PTZIP_CHUNK ((size_t)4 << 20)
 #define ZIP32_MAX 0xffffffffu
 #define ARCHIVE "archive"
 
@@ -90,24 +89,17 @@ static int write_small_record(fi_out *o, record *rec, const char *name, const vo
     return fi_out_write(o, data, size);
 }
 
-/* Tensor bytes go out in chunks, checksummed while still in cache; the CRC goes into
- * the local header with one pwrite afterwards. */
+/* Tensor bytes go out in blocks, checksummed (and their statistics taken, when asked)
+ * while still in cache; the CRC goes into the local header with one pwrite afterwards. */
 static int write_tensor_record(fi_out *o, record *rec, size_t index, const fi_saved_tensor *s)
 {
     snprintf(rec->name, sizeof(rec->name), ARCHIVE "/data/%zu", index);
     rec->size = s->span_bytes;
     if (write_local_header(o, rec, 0) < 0)
         return -1;
-    const char *p = s->t.data;
     uint32_t crc = 0;
-    for (uint64_t left = rec->size; left > 0;) {
-        size_t k = left < PTZIP_CHUNK ? (size_t)left : PTZIP_CHUNK;
-        crc = fi_crc32(crc, p, k);
-        if (fi_out_write(o, p, k) < 0)
-            return -1;
-        p += k;
-        left -= k;
-    }
+    if (fi_out_write_dense(o, s, rec->size, &crc) < 0)
+        return -1;
     rec->crc = crc;
     if (crc == 0)
         return 0;

@@ -146,7 +146,7 @@ int fi_safetensors_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const c
         if (s->nbytes == 0)
             continue;
         if (fi_tensor_is_contiguous(&s->t)) {
-            if (fi_out_write(o, s->t.data, s->nbytes) < 0)
+            if (fi_out_write_dense(o, s, s->nbytes, NULL) < 0)
                 break;
             continue;
         }

@@ -21,6 +21,7 @@ typedef struct {
     size_t itemsize;
     uint64_t span_bytes; /* bytes from t.data to one past the last element */
     uint64_t nbytes;     /* numel * itemsize */
+    fi_stats *stats;     /* not NULL: fi_out_write_dense takes the level-5 statistics too */
 } fi_saved_tensor;
 
 /* Output file: errors latch into err (an errno value) so writers run without the GIL. */
@@ -35,6 +36,12 @@ typedef struct {
 int fi_out_write(fi_out *o, const void *p, size_t n);
 int fi_out_flush(fi_out *o);
 int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at);
+
+/* Writes n bytes from s->t.data in cache-sized blocks, taking each block's CRC-32 (into
+ * *crc, when crc is not NULL) and, where s->stats asks and the bytes are all of the
+ * tensor's elements, its statistics (fi_stats_stream) while the block is hot: one pass
+ * over the tensor's memory. s->stats gets kind FI_STATS_NONE when they were not taken. */
+int fi_out_write_dense(fi_out *o, const fi_saved_tensor *s, uint64_t n, uint32_t *crc);
 
 /* A tensor description read from a file, before it becomes a torch.Tensor. */
 typedef struct {

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "crc32.h"
+#include "crc32_py.h"
 #include "pickle.h"
 #include "ptzip.h"
 #include "safetensors.h"
@@ -163,7 +163,22 @@ static int write_file(const char *path, int format, const fi_saved_tensor *ts, s
     return o.err;
 }
 
+/* Points each CPU tensor saved as itself (no host copy, no resolved conj/neg bit) at its
+ * slot of stats, for the writers to fill. */
+static void ask_for_stats(PyObject *dict, fi_saved_tensor *ts, size_t n, fi_stats *stats)
+{
+    for (size_t i = 0; i < n; i++)
+        if (PyDict_GetItem(dict, ts[i].key_obj) == ts[i].obj)
+            ts[i].stats = &stats[i];
+}
+
 Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
+{
+    return fi_save_tensor_dict_stats(path, dict, format, NULL);
+}
+
+Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
+                                     fi_stats_sink sink)
 {
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "tensors must be a dict {str: Tensor}, got %.200s",
@@ -189,11 +204,18 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
         free_saved(ts, n);
         return -1;
     }
+    fi_stats *stats = sink ? PyMem_Calloc(n ? n : 1, sizeof(*stats)) : NULL;
+    if (stats)
+        ask_for_stats(dict, ts, n, stats);
     uint64_t written = 0;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = write_file(path, format, ts, n, &header, &written);
     Py_END_ALLOW_THREADS
+    for (size_t i = 0; stats && !err && i < n; i++)
+        if (stats[i].kind != FI_STATS_NONE)
+            sink(ts[i].obj, &stats[i]);
+    PyMem_Free(stats);
     fi_buf_free(&header);
     free_saved(ts, n);
     if (err) {
@@ -329,6 +351,7 @@ static PyMethodDef tensorio_methods[] = {
 
 int fi_tensorio_exec(PyObject *module)
 {
-    fi_crc32_init();
+    if (fi_crc32_exec(module) < 0)
+        return -1;
     return PyModule_AddFunctions(module, tensorio_methods);
 }

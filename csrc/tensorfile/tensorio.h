@@ -6,12 +6,23 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "flashinfer_kernels.h"
+
 enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
 
 /* Writes dict {str: Tensor} to path in the given format (FI_FORMAT_*). CUDA tensors
  * are copied to the host first. Returns bytes written, or -1 with an exception set
  * (OSError naming the path for I/O errors; no file is left behind on failure). */
 Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format);
+
+/* Receives the level-5 statistics of a tensor that fi_save_tensor_dict_stats took in the
+ * same pass over its memory as the write (tensor: the dict's value). */
+typedef void (*fi_stats_sink)(PyObject *tensor, const fi_stats *stats);
+
+/* fi_save_tensor_dict, handing sink the statistics of each CPU tensor for which a stream
+ * exists (fi_stats_stream_new: dense float32, float16, bfloat16) once the file is whole. */
+Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
+                                     fi_stats_sink sink);
 
 /* Reads a .pt (PyTorch zip) or .safetensors file into a new dict {str: Tensor}. */
 PyObject *fi_load_tensor_dict(const char *path);

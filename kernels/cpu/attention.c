@@ -7,42 +7,52 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_block.h"
 #include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
-#define KV_BLOCK 32     /* keys converted to f32 at a time */
+#define KV_BLOCK 32     /* keys per online-softmax step */
 #define TILE_VECTORS 64 /* query vectors (rows x heads in a group) per task, at least */
+#define SPLIT_TASKS 64  /* decode: keys are split until a call has about this many tasks */
+#define SPLIT_MIN_KEYS (8 * KV_BLOCK) /* shortest chunk a split leaves */
+#define NARROW_MAX_VECTORS 8 /* query vectors per head up to which KV is not widened first */
 #define LOG2E 1.4426950408889634f
 
-/* On x86-64 Linux the per-task loop is also built for AVX2+FMA and picked at load time;
- * the helpers it calls are inlined into each clone. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
-#define FI_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#define FI_INLINE static inline __attribute__((always_inline))
-#else
-#define FI_VECTOR_CLONES
-#define FI_INLINE static inline
-#endif
+/* Key rows in the scratch: a block rounded up to whole score tiles. */
+#define KV_ROWS ((KV_BLOCK + FI_SCORE_KEYS - 1) / FI_SCORE_KEYS * FI_SCORE_KEYS)
+
+/* Query rows [row0, row1) of one request against its keys [key0, key1), for kv heads
+ * [head0, head0 + heads). A task that sees only part of the keys (split decode) leaves
+ * its running max, sum and output in partial slots; the last of its split group to
+ * finish merges them, in key order, so the result never depends on the thread count. */
+typedef struct {
+    int64_t request, head0, heads, row0, row1, key0, key1;
+    int64_t split; /* index into the job's splits, or -1 */
+} task;
 
 typedef struct {
-    int64_t request, kv_head, row0, row1;
-} task;
+    int64_t first_task, num_tasks, slot0; /* slots: task i's vectors from slot0 + i * vectors */
+    atomic_int unfinished;
+} split_group;
 
 /* Per-thread scratch: converted queries, accumulators, one KV block. */
 typedef struct {
-    float *qf;    /* [vectors][D] rotated, pre-scaled queries */
-    float *acc;   /* [vectors][D] */
-    float *m, *l; /* [vectors] running max and sum */
-    float *kt;    /* [D][KV_BLOCK] keys, transposed so the dot loop vectorizes */
-    float *vf;    /* [KV_BLOCK][D] */
-    float *row;   /* [D] one converted row */
-    float *freq;  /* [D / 2] RoPE frequencies */
-    float fp8_table[256];
+    float *qf;           /* [vectors][D] rotated, pre-scaled queries */
+    float *acc;          /* [vectors][D] */
+    float *m, *l, *corr; /* [vectors] running max, sum, this block's rescale */
+    float *s;            /* [vectors][KV_ROWS] scores, then probabilities */
+    float *kf, *vf;      /* [KV_BLOCK][D] keys (rotated) and values widened to f32 */
+    float *freq;         /* [D / 2] RoPE frequencies */
+    float *zero_row;     /* [D] zeros: the key rows that pad a block */
+    int widen;           /* this task's KV goes through kf and vf */
 } scratch;
 
 typedef struct {
     const fi_attention_params *p;
+    const fi_attention_block_ops *ops;
     const task *tasks;
+    split_group *splits;
+    float *part_m, *part_l, *part_acc; /* partial slots of split tasks */
     int64_t num_tasks, group, max_vectors;
     atomic_llong next;
     atomic_int failed;
@@ -56,46 +66,7 @@ static int64_t kv_len_of(const fi_attention_params *p, int64_t b)
     return n == 0 ? 0 : (n - 1) * p->page_size + p->kv_last_page_len[b];
 }
 
-/* Branch-free binary16 -> float32 so the row loop vectorizes: the exponent/mantissa
- * bits shifted into float32 position and scaled by 2^112 are exact for normal and
- * subnormal halves; all-ones exponents become inf/NaN. */
-FI_INLINE float half_to_float(uint16_t h)
-{
-    uint32_t em = (uint32_t)(h & 0x7fff) << 13;
-    uint32_t r = fi_f32_bits(fi_bits_f32(em) * 0x1p112f);
-    r |= em >= 0x0f800000u ? 0x7f800000u : 0;
-    return fi_bits_f32(r | ((uint32_t)(h & 0x8000) << 16));
-}
-
-FI_INLINE void load_row(const void *src, fi_dtype dtype, int64_t n, float *dst,
-                        const float *fp8_table)
-{
-    switch (dtype) {
-    case FI_DTYPE_F16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = half_to_float(s[i]);
-        break;
-    }
-    case FI_DTYPE_BF16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = fi_bits_f32((uint32_t)s[i] << 16);
-        break;
-    }
-    case FI_DTYPE_F32:
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        break;
-    default: {
-        const uint8_t *s = src;
-        for (int64_t i = 0; i < n; i++)
-            dst[i] = fp8_table[s[i]];
-        break;
-    }
-    }
-}
-
-FI_INLINE void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
+static void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
 {
     switch (dtype) {
     case FI_DTYPE_F16:
@@ -111,7 +82,7 @@ FI_INLINE void store_value(void *dst, fi_dtype dtype, int64_t i, float x)
 }
 
 /* FlashInfer's non-interleaved (rotate-half) RoPE at position pos. */
-FI_INLINE void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
+static void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
 {
     int64_t half = d / 2;
     for (int64_t i = 0; i < half; i++) {
@@ -123,126 +94,132 @@ FI_INLINE void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
     }
 }
 
-/* Where key j of request b lives: (page, slot), ragged rows counted from indptr[b]. */
-FI_INLINE void kv_slot(const fi_attention_params *p, const int32_t *indptr, int64_t b, int64_t j,
-                       int64_t *page, int64_t *slot)
-{
-    if (p->paged) {
-        *page = p->kv_indices[p->kv_indptr[b] + j / p->page_size];
-        *slot = j % p->page_size;
-    } else {
-        *page = 0;
-        *slot = (int64_t)indptr[b] + j;
-    }
-}
-
-/* One K or V operand as load_kv_block reads it: data, its strides, its NVFP4 scales. */
-typedef struct {
-    const char *base;
-    const int32_t *indptr; /* ragged rows */
-    int64_t stride_page, stride_n, stride_h;
-    const uint8_t *sf;
-    int64_t sf_stride_page, sf_stride_n, sf_stride_h;
-} kv_operand;
-
-FI_INLINE kv_operand k_operand(const fi_attention_params *p)
-{
-    return (kv_operand){.base = p->k,
-                        .indptr = p->kv_indptr,
-                        .stride_page = p->k_stride_page,
-                        .stride_n = p->k_stride_n,
-                        .stride_h = p->k_stride_h,
-                        .sf = p->k_sf,
-                        .sf_stride_page = p->k_sf_stride_page,
-                        .sf_stride_n = p->k_sf_stride_n,
-                        .sf_stride_h = p->k_sf_stride_h};
-}
-
-FI_INLINE kv_operand v_operand(const fi_attention_params *p)
-{
-    return (kv_operand){.base = p->v,
-                        .indptr = p->v_indptr ? p->v_indptr : p->kv_indptr,
-                        .stride_page = p->v_stride_page,
-                        .stride_n = p->v_stride_n,
-                        .stride_h = p->v_stride_h,
-                        .sf = p->v_sf,
-                        .sf_stride_page = p->v_sf_stride_page,
-                        .sf_stride_n = p->v_sf_stride_n,
-                        .sf_stride_h = p->v_sf_stride_h};
-}
-
 /* Per-block dequantization of one NVFP4 row: 16 E2M1 codes share one E4M3 scale. */
-FI_INLINE void load_fp4_row(const uint8_t *src, const uint8_t *sf, int64_t n, float *dst,
-                            const float *e4m3_table)
+static void load_fp4_row(const uint8_t *src, const uint8_t *sf, int64_t n, float *dst)
 {
-    for (int64_t i = 0; i < n; i += 2) {
-        float scale = e4m3_table[sf[i / 16]];
-        dst[i] = fi_e2m1_to_f32(src[i / 2] & 15) * scale;
-        dst[i + 1] = fi_e2m1_to_f32(src[i / 2] >> 4) * scale;
+    for (int64_t i = 0; i < n; i += 16) {
+        float scale = fi_e4m3fn_to_f32(sf[i / 16]);
+        for (int64_t e = i; e < i + 16 && e < n; e += 2) {
+            dst[e] = fi_e2m1_to_f32(src[e / 2] & 15) * scale;
+            dst[e + 1] = fi_e2m1_to_f32(src[e / 2] >> 4) * scale;
+        }
     }
 }
 
-/* Row j (head `head`) of operand o for request b, converted to float32 into dst. */
-FI_INLINE void load_kv_row(const fi_attention_params *p, const kv_operand *o, int64_t b, int64_t j,
-                           int64_t head, float *dst, const float *fp8_table)
+/* NVFP4 KV: the E4M3 block scales of key j's K (or V) row, head `head`, of request b. */
+static const uint8_t *fp4_scales(const fi_attention_params *p, int is_v, int64_t b, int64_t j,
+                                 int64_t head)
 {
-    int64_t page, slot;
-    kv_slot(p, o->indptr, b, j, &page, &slot);
-    int64_t offset = page * o->stride_page + slot * o->stride_n + head * o->stride_h;
-    const char *at = o->base + offset * (int64_t)fi_dtype_size(p->kv_dtype);
-    if (p->kv_dtype != FI_DTYPE_FP4X2) {
-        load_row(at, p->kv_dtype, p->head_dim, dst, fp8_table);
-        return;
+    const int32_t *indptr = is_v && p->v_indptr ? p->v_indptr : p->kv_indptr;
+    int64_t page = 0, slot = (int64_t)indptr[b] + j;
+    if (p->paged) {
+        page = p->kv_indices[p->kv_indptr[b] + j / p->page_size];
+        slot = j % p->page_size;
     }
-    const uint8_t *sf =
-        o->sf + page * o->sf_stride_page + slot * o->sf_stride_n + head * o->sf_stride_h;
-    load_fp4_row((const uint8_t *)at, sf, p->head_dim, dst, fp8_table);
+    if (is_v)
+        return p->v_sf + page * p->v_sf_stride_page + slot * p->v_sf_stride_n +
+               head * p->v_sf_stride_h;
+    return p->k_sf + page * p->k_sf_stride_page + slot * p->k_sf_stride_n + head * p->k_sf_stride_h;
 }
 
 /* The visible key range [lo, hi] of query row `row` from causality and the window. */
-FI_INLINE void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len,
-                             int64_t kv_len, int64_t *lo, int64_t *hi)
+static void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len, int64_t kv_len,
+                          int64_t *lo, int64_t *hi)
 {
     int64_t pos = row + kv_len - qo_len;
     *hi = p->causal ? (pos < kv_len - 1 ? pos : kv_len - 1) : kv_len - 1;
     *lo = p->window_left >= 0 && pos - p->window_left > 0 ? pos - p->window_left : 0;
 }
 
-FI_INLINE void load_kv_block(const fi_attention_params *p, scratch *sc, int64_t b, int64_t kv_head,
-                             int64_t j0, int64_t nb)
+/* Addresses of the K and V rows of keys [j0, j0 + nb) of (request b, kv_head). Paged
+ * rows are found by walking the pages, one division per block; ragged V rows start at
+ * v_indptr[b] when given. */
+static void block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head, int64_t j0,
+                       int64_t nb, const char **krow, const char **vrow)
 {
-    int64_t d = p->head_dim;
-    kv_operand k = k_operand(p), v = v_operand(p);
-    for (int64_t j = 0; j < nb; j++) {
-        load_kv_row(p, &k, b, j0 + j, kv_head, sc->row, sc->fp8_table);
-        if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
-            apply_rope(sc->row, d, sc->freq, j0 + j);
-        for (int64_t i = 0; i < d; i++)
-            sc->kt[i * KV_BLOCK + j] = sc->row[i];
-        load_kv_row(p, &v, b, j0 + j, kv_head, sc->vf + j * d, sc->fp8_table);
+    int64_t esize = (int64_t)fi_dtype_size(p->kv_dtype);
+    int64_t page = 0, slot = (int64_t)p->kv_indptr[b] + j0, page_i = 0;
+    int64_t v_shift = !p->paged && p->v_indptr ? (int64_t)p->v_indptr[b] - p->kv_indptr[b] : 0;
+    if (nb == 0) /* past the last key: not even its page is looked up */
+        return;
+    if (p->paged) {
+        page_i = p->kv_indptr[b] + j0 / p->page_size;
+        slot = j0 % p->page_size;
+        page = p->kv_indices[page_i];
     }
-    for (int64_t j = nb; j < KV_BLOCK; j++)
-        for (int64_t i = 0; i < d; i++)
-            sc->kt[i * KV_BLOCK + j] = 0.0f;
+    for (int64_t j = 0; j < nb; j++) {
+        int64_t ko = page * p->k_stride_page + slot * p->k_stride_n + kv_head * p->k_stride_h;
+        int64_t vo =
+            page * p->v_stride_page + (slot + v_shift) * p->v_stride_n + kv_head * p->v_stride_h;
+        krow[j] = (const char *)p->k + ko * esize;
+        vrow[j] = (const char *)p->v + vo * esize;
+        if (++slot == p->page_size && p->paged && j + 1 < nb) {
+            slot = 0;
+            page = p->kv_indices[++page_i];
+        }
+    }
 }
 
-/* One query vector against one loaded KV block: scores, masks, online-softmax update. */
-FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t vec, int64_t b,
-                            int64_t row, int64_t kv_len, int64_t j0, int64_t nb, int64_t lo,
-                            int64_t hi)
+/* The rows the block kernels read for keys [j0, j0 + nb) of one kv head: the cache's own
+ * rows when the kernels widen as they go, else rows widened (and rotated) into kf and vf.
+ * krow is padded to KV_ROWS with the zero row. */
+static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_head, int64_t j0,
+                              int64_t nb, const void **krow, const void **vrow)
 {
+    const fi_attention_params *p = jb->p;
     int64_t d = p->head_dim;
-    const float *q = sc->qf + vec * d;
-    float s[KV_BLOCK] = {0};
-    for (int64_t i = 0; i < d; i++) {
-        float qi = q[i];
-        const float *kr = sc->kt + i * KV_BLOCK;
-        for (int j = 0; j < KV_BLOCK; j++)
-            s[j] += qi * kr[j];
+    const char *k[KV_BLOCK], *v[KV_BLOCK];
+    block_rows(p, b, kv_head, j0, nb, k, v);
+    for (int64_t j = nb; j < KV_ROWS; j++)
+        krow[j] = sc->zero_row;
+    if (!sc->widen) {
+        for (int64_t j = 0; j < nb; j++) {
+            krow[j] = k[j];
+            vrow[j] = v[j];
+        }
+        return p->kv_dtype;
     }
-    float cap = p->logits_soft_cap;
+    int fp4 = p->kv_dtype == FI_DTYPE_FP4X2;
+    for (int64_t j = 0; j < nb; j++) {
+        float *kr = sc->kf + j * d, *vr = sc->vf + j * d;
+        if (fp4)
+            load_fp4_row((const uint8_t *)k[j], fp4_scales(p, 0, b, j0 + j, kv_head), d, kr);
+        else
+            jb->ops->widen(k[j], p->kv_dtype, d, kr);
+        if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
+            apply_rope(kr, d, sc->freq, j0 + j);
+        if (fp4)
+            load_fp4_row((const uint8_t *)v[j], fp4_scales(p, 1, b, j0 + j, kv_head), d, vr);
+        else
+            jb->ops->widen(v[j], p->kv_dtype, d, vr);
+        krow[j] = kr;
+        vrow[j] = vr;
+    }
+    return FI_DTYPE_F32;
+}
+
+/* The K and V rows of the same head's next block, for the kernels to prefetch as they go:
+ * one head's rows are short runs far apart, which the hardware prefetchers miss. */
+typedef struct {
+    const char *k[KV_BLOCK], *v[KV_BLOCK];
+    fi_row_prefetch kpf, vpf;
+} next_rows;
+
+static void next_block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head, int64_t j0,
+                            int64_t nb, next_rows *nr)
+{
+    int64_t bytes = p->head_dim * (int64_t)fi_dtype_size(p->kv_dtype);
+    block_rows(p, b, kv_head, j0, nb, nr->k, nr->v);
+    nr->kpf = (fi_row_prefetch){nr->k, nb, bytes};
+    nr->vpf = (fi_row_prefetch){nr->v, nb, bytes};
+}
+
+/* Scores of one query vector against the block, in place: hidden keys -inf, soft cap. */
+static void mask_scores(const fi_attention_params *p, float *s, int64_t b, int64_t row,
+                        int64_t kv_len, int64_t j0, int64_t nb, int64_t lo, int64_t hi)
+{
     const uint8_t *mask = p->mask ? p->mask + p->mask_indptr[b] : NULL;
-    float mx = -INFINITY;
+    float cap = p->logits_soft_cap;
     for (int64_t j = 0; j < nb; j++) {
         int64_t key = j0 + j;
         int visible = key >= lo && key <= hi;
@@ -250,44 +227,16 @@ FI_INLINE void attend_block(const fi_attention_params *p, scratch *sc, int64_t v
             int64_t bit = row * kv_len + key;
             visible = (mask[bit >> 3] >> (bit & 7)) & 1;
         }
-        if (!visible) {
+        if (!visible)
             s[j] = -INFINITY;
-            continue;
-        }
-        if (cap > 0.0f)
+        else if (cap > 0.0f)
             s[j] = cap * tanhf(s[j] / cap);
-        if (s[j] > mx)
-            mx = s[j];
     }
-    if (mx == -INFINITY)
-        return;
-    float *acc = sc->acc + vec * d;
-    float m_old = sc->m[vec];
-    if (mx > m_old) {
-        if (m_old != -INFINITY) {
-            float corr = expf(m_old - mx);
-            sc->l[vec] *= corr;
-            for (int64_t i = 0; i < d; i++)
-                acc[i] *= corr;
-        }
-        sc->m[vec] = mx;
-    }
-    float m = sc->m[vec], sum = 0.0f;
-    for (int64_t j = 0; j < nb; j++) {
-        if (s[j] == -INFINITY)
-            continue;
-        float pj = expf(s[j] - m);
-        sum += pj;
-        const float *vr = sc->vf + j * d;
-        for (int64_t i = 0; i < d; i++)
-            acc[i] += pj * vr[i];
-    }
-    sc->l[vec] += sum;
 }
 
 /* The per-row finalisation step of attention sinks: the sink joins the softmax state
  * (running max m, sum l) as one more logit; *corr rescales what was accumulated. */
-FI_INLINE void add_sink(float sink, float *m, float *l, float *corr)
+static void add_sink(float sink, float *m, float *l, float *corr)
 {
     float m_new = sink > *m ? sink : *m;
     if (m_new == -INFINITY)
@@ -297,70 +246,205 @@ FI_INLINE void add_sink(float sink, float *m, float *l, float *corr)
     *m = m_new;
 }
 
-FI_VECTOR_CLONES static void run_task(const job *jb, scratch *sc, const task *t)
+/* Online softmax over one block for one query vector: s becomes the probabilities
+ * relative to the new running max, corr what the earlier sum and output are scaled by. */
+static void softmax_block(const fi_attention_block_ops *ops, scratch *sc, int64_t vec, float *s,
+                          int64_t nb)
+{
+    float mx = ops->max(s, nb), m_old = sc->m[vec];
+    sc->corr[vec] = 1.0f;
+    if (mx == -INFINITY) { /* sees nothing here: adds nothing */
+        memset(s, 0, (size_t)nb * sizeof(float));
+        return;
+    }
+    if (mx > m_old) {
+        if (m_old != -INFINITY)
+            sc->corr[vec] = expf(m_old - mx);
+        sc->m[vec] = mx;
+    }
+    sc->l[vec] = sc->l[vec] * sc->corr[vec] + ops->exp_sum(s, nb, sc->m[vec]);
+}
+
+/* One KV block of one head against the task's rows that see any of it; v0 is the head's
+ * first vector. */
+static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, int64_t qo_len,
+                         int64_t kv_len, int64_t j0, int64_t nb, const void *const *krow,
+                         const void *const *vrow, fi_dtype row_dtype, const next_rows *next)
 {
     const fi_attention_params *p = jb->p;
-    int64_t d = p->head_dim, g = jb->group, b = t->request;
+    int64_t d = p->head_dim, g = jb->group, ra = -1, rb = -1;
+    for (int64_t r = 0; r < t->row1 - t->row0; r++) {
+        int64_t lo, hi;
+        visible_range(p, t->row0 + r, qo_len, kv_len, &lo, &hi);
+        if (hi < j0 || lo > j0 + nb - 1 || lo > hi)
+            continue;
+        ra = ra < 0 ? r : ra;
+        rb = r + 1;
+    }
+    if (ra < 0)
+        return;
+    int64_t va = v0 + ra * g, nv = (rb - ra) * g;
+    jb->ops->scores(sc->qf + va * d, nv, krow, row_dtype, nb, d, sc->s, KV_ROWS, &next->kpf);
+    for (int64_t r = ra; r < rb; r++) {
+        int64_t row = t->row0 + r, lo, hi;
+        visible_range(p, row, qo_len, kv_len, &lo, &hi);
+        int whole = lo <= j0 && hi >= j0 + nb - 1 && !p->mask && !(p->logits_soft_cap > 0.0f);
+        for (int64_t gi = 0; gi < g; gi++) {
+            int64_t vec = v0 + r * g + gi;
+            float *s = sc->s + (vec - va) * KV_ROWS;
+            if (!whole)
+                mask_scores(p, s, t->request, row, kv_len, j0, nb, lo, hi);
+            softmax_block(jb->ops, sc, vec, s, nb);
+        }
+    }
+    jb->ops->accumulate(sc->s, KV_ROWS, nv, sc->corr + va, vrow, row_dtype, nb, d, sc->acc + va * d,
+                        &next->vpf);
+}
+
+/* The softmax's last step for query row `row` of request b, qo head `head`: the sink
+ * (if any) joins the running max m and sum l, then o = acc / l (times the V scale) into
+ * o's row and the base-2 log-sum-exp into q's. */
+static void finish_vector(const fi_attention_params *p, const float *acc, float m, float l,
+                          int64_t b, int64_t row, int64_t head)
+{
+    int64_t d = p->head_dim, n = p->qo_indptr[b] + row;
+    int64_t no = p->o_indptr ? p->o_indptr[b] + row : n;
+    float corr = 1.0f;
+    if (p->sinks)
+        add_sink(p->sinks[head], &m, &l, &corr);
+    float inv = l > 0.0f ? p->v_scale * corr / l : 0.0f;
+    char *oa = (char *)p->o +
+               (no * p->o_stride_n + head * p->o_stride_h) * (int64_t)fi_dtype_size(p->o_dtype);
+    for (int64_t i = 0; i < d; i++)
+        store_value(oa, p->o_dtype, i, acc[i] * inv);
+    if (p->lse)
+        p->lse[n * p->lse_stride_n + head * p->lse_stride_h] =
+            l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+}
+
+/* Vectors of a task: head-major, then row, then the head's place in its group. */
+static int64_t task_vectors(const job *jb, const task *t)
+{
+    return t->heads * (t->row1 - t->row0) * jb->group;
+}
+
+/* Query row and qo head of a task's vector. */
+static void vector_place(const job *jb, const task *t, int64_t vec, int64_t *row, int64_t *head)
+{
+    int64_t g = jb->group, per_head = (t->row1 - t->row0) * g;
+    *row = t->row0 + vec % per_head / g;
+    *head = (t->head0 + vec / per_head) * g + vec % g;
+}
+
+static void load_queries(const job *jb, scratch *sc, const task *t, int64_t qo_start,
+                         int64_t qo_len, int64_t kv_len)
+{
+    const fi_attention_params *p = jb->p;
+    int64_t d = p->head_dim, qsize = (int64_t)fi_dtype_size(p->q_dtype);
+    for (int64_t vec = 0; vec < task_vectors(jb, t); vec++) {
+        int64_t row, head;
+        vector_place(jb, t, vec, &row, &head);
+        const char *qa =
+            (const char *)p->q + ((qo_start + row) * p->q_stride_n + head * p->q_stride_h) * qsize;
+        float *qf = sc->qf + vec * d;
+        jb->ops->widen(qa, p->q_dtype, d, qf);
+        if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
+            apply_rope(qf, d, sc->freq, row + kv_len - qo_len);
+        for (int64_t i = 0; i < d; i++)
+            qf[i] *= p->sm_scale;
+        memset(sc->acc + vec * d, 0, (size_t)d * sizeof(float));
+        sc->m[vec] = -INFINITY;
+        sc->l[vec] = 0.0f;
+    }
+}
+
+/* Combines the partial results of a split group in key order (into the first task's
+ * slots) and writes o and lse. */
+static void merge_split(const job *jb, const split_group *sg)
+{
+    const fi_attention_params *p = jb->p;
+    const task *t = &jb->tasks[sg->first_task];
+    int64_t d = p->head_dim, nv = task_vectors(jb, t);
+    for (int64_t vec = 0; vec < nv; vec++) {
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t c = 0; c < sg->num_tasks; c++) {
+            float mc = jb->part_m[sg->slot0 + c * nv + vec];
+            m = mc > m ? mc : m;
+        }
+        float *acc = jb->part_acc + (sg->slot0 + vec) * d;
+        for (int64_t c = 0; c < sg->num_tasks; c++) {
+            int64_t slot = sg->slot0 + c * nv + vec;
+            float mc = jb->part_m[slot];
+            float w = mc == -INFINITY ? 0.0f : expf(mc - m);
+            const float *pa = jb->part_acc + slot * d;
+            l += jb->part_l[slot] * w;
+            for (int64_t i = 0; i < d; i++)
+                acc[i] = c == 0 ? pa[i] * w : acc[i] + pa[i] * w;
+        }
+        int64_t row, head;
+        vector_place(jb, t, vec, &row, &head);
+        finish_vector(p, acc, m, l, t->request, row, head);
+    }
+}
+
+/* Whether a task widens its KV into scratch first: the portable kernels need it, RoPE
+ * rotates keys, NVFP4 is dequantized per block, and past NARROW_MAX_VECTORS query vectors
+ * per head (prefill) a row widened once beats one widened in registers again for every
+ * tile of vectors. */
+static int task_widens(const job *jb, int64_t per_head)
+{
+    const fi_attention_params *p = jb->p;
+    return !jb->ops->narrow_rows || p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA ||
+           p->kv_dtype == FI_DTYPE_FP4X2 || per_head > NARROW_MAX_VECTORS;
+}
+
+static void run_task(job *jb, scratch *sc, const task *t)
+{
+    const fi_attention_params *p = jb->p;
+    int64_t d = p->head_dim, b = t->request;
     int64_t qo_start = p->qo_indptr[b];
     int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - qo_start;
     int64_t kv_len = kv_len_of(p, b);
-    int64_t rows = t->row1 - t->row0;
-    size_t qsize = fi_dtype_size(p->q_dtype);
-
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t row = t->row0 + r;
-        for (int64_t gi = 0; gi < g; gi++) {
-            int64_t vec = r * g + gi, head = t->kv_head * g + gi;
-            const char *qa =
-                (const char *)p->q +
-                ((qo_start + row) * p->q_stride_n + head * p->q_stride_h) * (int64_t)qsize;
-            float *qf = sc->qf + vec * d;
-            load_row(qa, p->q_dtype, d, qf, NULL);
-            if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
-                apply_rope(qf, d, sc->freq, row + kv_len - qo_len);
-            for (int64_t i = 0; i < d; i++)
-                qf[i] *= p->sm_scale;
-            memset(sc->acc + vec * d, 0, (size_t)d * sizeof(float));
-            sc->m[vec] = -INFINITY;
-            sc->l[vec] = 0.0f;
-        }
-    }
+    int64_t per_head = (t->row1 - t->row0) * jb->group, nv = task_vectors(jb, t);
+    load_queries(jb, sc, t, qo_start, qo_len, kv_len);
+    sc->widen = task_widens(jb, per_head);
 
     int64_t first_lo, first_hi, last_lo, last_hi;
     visible_range(p, t->row0, qo_len, kv_len, &first_lo, &first_hi);
     visible_range(p, t->row1 - 1, qo_len, kv_len, &last_lo, &last_hi);
-    for (int64_t j0 = first_lo; j0 <= last_hi; j0 += KV_BLOCK) {
-        int64_t nb = last_hi + 1 - j0 < KV_BLOCK ? last_hi + 1 - j0 : KV_BLOCK;
-        load_kv_block(p, sc, b, t->kv_head, j0, nb);
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t row = t->row0 + r, lo, hi;
-            visible_range(p, row, qo_len, kv_len, &lo, &hi);
-            if (hi < j0 || lo > j0 + nb - 1 || lo > hi)
-                continue;
-            for (int64_t gi = 0; gi < g; gi++)
-                attend_block(p, sc, r * g + gi, b, row, kv_len, j0, nb, lo, hi);
+    int64_t start = first_lo > t->key0 ? first_lo : t->key0;
+    int64_t end = last_hi + 1 < t->key1 ? last_hi + 1 : t->key1;
+    for (int64_t j0 = start; j0 < end; j0 += KV_BLOCK) {
+        int64_t nb = end - j0 < KV_BLOCK ? end - j0 : KV_BLOCK;
+        int64_t after = end - (j0 + nb);
+        for (int64_t h = 0; h < t->heads; h++) {
+            const void *krow[KV_ROWS], *vrow[KV_BLOCK];
+            next_rows next; /* the next head of this block, or the first of the next block */
+            if (h + 1 < t->heads)
+                next_block_rows(p, b, t->head0 + h + 1, j0, nb, &next);
+            else
+                next_block_rows(p, b, t->head0, j0 + nb, after < KV_BLOCK ? after : KV_BLOCK,
+                                &next);
+            fi_dtype dt = block_kv_rows(jb, sc, b, t->head0 + h, j0, nb, krow, vrow);
+            attend_block(jb, sc, t, h * per_head, qo_len, kv_len, j0, nb, krow, vrow, dt, &next);
         }
     }
 
-    int64_t o_start = p->o_indptr ? p->o_indptr[b] : qo_start;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t n = qo_start + t->row0 + r, no = o_start + t->row0 + r;
-        for (int64_t gi = 0; gi < g; gi++) {
-            int64_t vec = r * g + gi, head = t->kv_head * g + gi;
-            float m = sc->m[vec], l = sc->l[vec], corr = 1.0f;
-            if (p->sinks)
-                add_sink(p->sinks[head], &m, &l, &corr);
-            float inv = l > 0.0f ? p->v_scale * corr / l : 0.0f;
-            const float *acc = sc->acc + vec * d;
-            char *oa = (char *)p->o + (no * p->o_stride_n + head * p->o_stride_h) *
-                                          (int64_t)fi_dtype_size(p->o_dtype);
-            for (int64_t i = 0; i < d; i++)
-                store_value(oa, p->o_dtype, i, acc[i] * inv);
-            if (p->lse)
-                p->lse[n * p->lse_stride_n + head * p->lse_stride_h] =
-                    l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+    if (t->split < 0) {
+        for (int64_t vec = 0; vec < nv; vec++) {
+            int64_t row, head;
+            vector_place(jb, t, vec, &row, &head);
+            finish_vector(p, sc->acc + vec * d, sc->m[vec], sc->l[vec], b, row, head);
         }
+        return;
     }
+    split_group *sg = &jb->splits[t->split];
+    int64_t slot = sg->slot0 + (t - jb->tasks - sg->first_task) * nv;
+    memcpy(jb->part_m + slot, sc->m, (size_t)nv * sizeof(float));
+    memcpy(jb->part_l + slot, sc->l, (size_t)nv * sizeof(float));
+    memcpy(jb->part_acc + slot * d, sc->acc, (size_t)(nv * d) * sizeof(float));
+    if (atomic_fetch_sub(&sg->unfinished, 1) == 1) /* the last one sees every other's stores */
+        merge_split(jb, sg);
 }
 
 static void scratch_free(scratch *sc)
@@ -369,10 +453,18 @@ static void scratch_free(scratch *sc)
     free(sc->acc);
     free(sc->m);
     free(sc->l);
-    free(sc->kt);
+    free(sc->corr);
+    free(sc->s);
+    free(sc->kf);
     free(sc->vf);
-    free(sc->row);
     free(sc->freq);
+    free(sc->zero_row);
+}
+
+/* Cache-line aligned, so no vector load of a row straddles two lines. */
+static float *alloc_floats(size_t n)
+{
+    return aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
 }
 
 static int scratch_init(scratch *sc, const job *jb)
@@ -380,28 +472,26 @@ static int scratch_init(scratch *sc, const job *jb)
     const fi_attention_params *p = jb->p;
     size_t d = (size_t)p->head_dim, nv = (size_t)jb->max_vectors;
     memset(sc, 0, sizeof(*sc));
-    sc->qf = malloc(nv * d * sizeof(float));
-    sc->acc = malloc(nv * d * sizeof(float));
-    sc->m = malloc(nv * sizeof(float));
-    sc->l = malloc(nv * sizeof(float));
-    sc->kt = malloc(d * KV_BLOCK * sizeof(float));
-    sc->vf = malloc(d * KV_BLOCK * sizeof(float));
-    sc->row = malloc(d * sizeof(float));
-    sc->freq = malloc((d / 2 + 1) * sizeof(float));
-    if (!sc->qf || !sc->acc || !sc->m || !sc->l || !sc->kt || !sc->vf || !sc->row || !sc->freq) {
+    sc->qf = alloc_floats(nv * d);
+    sc->acc = alloc_floats(nv * d);
+    sc->m = alloc_floats(nv);
+    sc->l = alloc_floats(nv);
+    sc->corr = alloc_floats(nv);
+    sc->s = alloc_floats(nv * KV_ROWS);
+    sc->kf = alloc_floats(KV_BLOCK * d);
+    sc->vf = alloc_floats(KV_BLOCK * d);
+    sc->freq = alloc_floats(d / 2 + 1);
+    sc->zero_row = alloc_floats(d);
+    if (!sc->qf || !sc->acc || !sc->m || !sc->l || !sc->corr || !sc->s || !sc->kf || !sc->vf ||
+        !sc->freq || !sc->zero_row) {
         scratch_free(sc);
         return -1;
     }
+    memset(sc->zero_row, 0, d * sizeof(float));
     /* FlashInfer: freq_i = (1 / rope_scale) * (1 / rope_theta)^(2i / D). */
     for (size_t i = 0; i < d / 2; i++)
         sc->freq[i] =
             (1.0f / p->rope_scale) * powf(1.0f / p->rope_theta, (float)(2 * i) / (float)d);
-    /* fp8 KV values, or the E4M3 block scales of NVFP4 KV */
-    int e4m3 = p->kv_dtype == FI_DTYPE_E4M3FN || p->kv_dtype == FI_DTYPE_FP4X2;
-    for (int i = 0; i < 256; i++)
-        sc->fp8_table[i] = p->kv_dtype == FI_DTYPE_E5M2 ? fi_e5m2_to_f32((uint8_t)i)
-                           : e4m3                       ? fi_e4m3fn_to_f32((uint8_t)i)
-                                                        : 0.0f;
     return 0;
 }
 
@@ -423,40 +513,126 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* The work of a call as tasks. Few query vectors per kv head (decode): one task takes
+ * the kv heads of up to TILE_VECTORS vectors, so a token's heads, adjacent in memory, are
+ * read together, and long KV is cut into chunks until the call has about SPLIT_TASKS
+ * tasks. Otherwise (prefill): one kv head and up to TILE_VECTORS vectors per task, all
+ * keys. Nothing here depends on the thread count. */
+typedef struct {
+    task *tasks;
+    split_group *splits;
+    int64_t num_tasks, num_splits, num_slots, max_vectors;
+} plan;
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Adds request b's tasks (or only counts them when pl->tasks is NULL). */
+static void plan_request(const fi_attention_params *p, int64_t b, int64_t chunks_wanted, plan *pl)
+{
+    int64_t g = p->num_qo_heads / p->num_kv_heads, hk = p->num_kv_heads;
+    int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b], kv_len = kv_len_of(p, b);
+    if (qo_len == 0)
+        return;
+    if (qo_len * g > TILE_VECTORS) {
+        int64_t rows = TILE_VECTORS / g > 0 ? TILE_VECTORS / g : 1;
+        for (int64_t r0 = 0; r0 < qo_len; r0 += rows)
+            for (int64_t h = 0; h < hk; h++) {
+                if (pl->tasks)
+                    pl->tasks[pl->num_tasks] =
+                        (task){b, h, 1, r0, min64(r0 + rows, qo_len), 0, kv_len, -1};
+                pl->num_tasks++;
+            }
+        return;
+    }
+    int64_t heads = TILE_VECTORS / (qo_len * g), vectors;
+    int64_t chunk = (kv_len + chunks_wanted - 1) / chunks_wanted;
+    chunk = chunk < SPLIT_MIN_KEYS ? SPLIT_MIN_KEYS : (chunk + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    int64_t chunks = kv_len > chunk ? (kv_len + chunk - 1) / chunk : 1;
+    for (int64_t h0 = 0; h0 < hk; h0 += heads) {
+        int64_t nh = min64(heads, hk - h0), split = chunks > 1 ? pl->num_splits++ : -1;
+        vectors = nh * qo_len * g;
+        if (pl->tasks && split >= 0) {
+            pl->splits[split].first_task = pl->num_tasks;
+            pl->splits[split].num_tasks = chunks;
+            pl->splits[split].slot0 = pl->num_slots;
+            atomic_init(&pl->splits[split].unfinished, (int)chunks);
+        }
+        for (int64_t c = 0; c < chunks; c++) {
+            if (pl->tasks)
+                pl->tasks[pl->num_tasks] =
+                    (task){b,
+                           h0,
+                           nh,
+                           0,
+                           qo_len,
+                           c * chunk,
+                           chunks > 1 ? min64((c + 1) * chunk, kv_len) : kv_len,
+                           split};
+            pl->num_tasks++;
+        }
+        pl->num_slots += split >= 0 ? chunks * vectors : 0;
+        pl->max_vectors = vectors > pl->max_vectors ? vectors : pl->max_vectors;
+    }
+}
+
+static void plan_free(plan *pl)
+{
+    free(pl->tasks);
+    free(pl->splits);
+}
+
+static int plan_build(const fi_attention_params *p, plan *pl, float **part)
+{
+    int64_t g = p->num_qo_heads / p->num_kv_heads, decode_groups = 0;
+    for (int64_t b = 0; b < p->num_requests; b++) {
+        int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
+        if (qo_len > 0 && qo_len * g <= TILE_VECTORS)
+            decode_groups +=
+                (p->num_kv_heads + TILE_VECTORS / (qo_len * g) - 1) / (TILE_VECTORS / (qo_len * g));
+    }
+    int64_t chunks_wanted =
+        decode_groups > 0 ? (SPLIT_TASKS + decode_groups - 1) / decode_groups : 1;
+    memset(pl, 0, sizeof(*pl));
+    pl->max_vectors = TILE_VECTORS / g > 0 ? TILE_VECTORS : g;
+    for (int64_t b = 0; b < p->num_requests; b++)
+        plan_request(p, b, chunks_wanted, pl);
+    int64_t tasks = pl->num_tasks, splits = pl->num_splits, slots = pl->num_slots;
+    pl->tasks = malloc((size_t)(tasks > 0 ? tasks : 1) * sizeof(task));
+    pl->splits = malloc((size_t)(splits > 0 ? splits : 1) * sizeof(split_group));
+    *part = slots > 0 ? malloc((size_t)slots * (size_t)(p->head_dim + 2) * sizeof(float)) : NULL;
+    if (!pl->tasks || !pl->splits || (slots > 0 && !*part)) {
+        plan_free(pl);
+        free(*part);
+        return -1;
+    }
+    pl->num_tasks = pl->num_splits = pl->num_slots = 0;
+    for (int64_t b = 0; b < p->num_requests; b++)
+        plan_request(p, b, chunks_wanted, pl);
+    return 0;
+}
+
 int fi_attention_cpu(const fi_attention_params *p, int num_threads)
 {
-    int64_t g = p->num_qo_heads / p->num_kv_heads;
-    int64_t rows_per_task = TILE_VECTORS / g > 0 ? TILE_VECTORS / g : 1;
-    int64_t num_tasks = 0;
-    for (int64_t b = 0; b < p->num_requests; b++) {
-        int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
-        num_tasks += (qo_len + rows_per_task - 1) / rows_per_task * p->num_kv_heads;
-    }
-    if (num_tasks == 0)
-        return 0;
-    task *tasks = malloc((size_t)num_tasks * sizeof(task));
-    if (!tasks)
+    plan pl;
+    float *part = NULL;
+    if (plan_build(p, &pl, &part) < 0)
         return -1;
-    int64_t n = 0;
-    for (int64_t b = 0; b < p->num_requests; b++) {
-        int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
-        for (int64_t r0 = 0; r0 < qo_len; r0 += rows_per_task)
-            for (int64_t h = 0; h < p->num_kv_heads; h++) {
-                int64_t r1 = r0 + rows_per_task < qo_len ? r0 + rows_per_task : qo_len;
-                tasks[n++] = (task){b, h, r0, r1};
-            }
-    }
     job jb = {.p = p,
-              .tasks = tasks,
-              .num_tasks = num_tasks,
-              .group = g,
-              .max_vectors = rows_per_task * g};
+              .ops = fi_attention_block_ops_for(p->head_dim),
+              .tasks = pl.tasks,
+              .splits = pl.splits,
+              .part_m = part,
+              .part_l = part ? part + pl.num_slots : NULL,
+              .part_acc = part ? part + 2 * pl.num_slots : NULL,
+              .num_tasks = pl.num_tasks,
+              .group = p->num_qo_heads / p->num_kv_heads,
+              .max_vectors = pl.max_vectors};
     atomic_init(&jb.next, 0);
     atomic_init(&jb.failed, 0);
 
     int64_t extra = num_threads - 1;
-    if (extra > num_tasks - 1)
-        extra = num_tasks - 1;
+    if (extra > pl.num_tasks - 1)
+        extra = pl.num_tasks - 1;
     if (extra > 255)
         extra = 255;
     pthread_t threads[255];
@@ -469,8 +645,9 @@ int fi_attention_cpu(const fi_attention_params *p, int num_threads)
     worker(&jb);
     for (int i = 0; i < started; i++)
         pthread_join(threads[i], NULL);
-    free(tasks);
+    plan_free(&pl);
+    free(part);
     /* A thread that could not get scratch left its tasks to the others; only when
      * every thread failed is work undone. */
-    return atomic_load(&jb.failed) && atomic_load(&jb.next) < num_tasks ? -1 : 0;
+    return atomic_load(&jb.failed) && atomic_load(&jb.next) < jb.num_tasks ? -1 : 0;
 }

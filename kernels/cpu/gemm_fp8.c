@@ -4,13 +4,9 @@
 
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 #include "gemm_tiled.h"
-
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define FI_HAVE_SIMD_DECODE 1
-#endif
 
 /* dst[0..n) = decoded src[0..n) (contiguous bytes); lut is the operand's table. */
 typedef void (*decode_fn)(const float *lut, const uint8_t *src, int64_t n, float *dst);
@@ -33,7 +29,7 @@ static void decode_lut(const float *lut, const uint8_t *src, int64_t n, float *d
         dst[i] = lut[src[i]];
 }
 
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
 /* e4m3fn, 16 at a time: normal codes are float32 bits (mag << 20) times 2^120,
  * subnormal ones mantissa * 2^-9, then the sign; 0x7f / 0xff take the table's NaN. */
 __attribute__((target("avx512f"))) static void
@@ -89,7 +85,7 @@ __attribute__((target("avx2"))) static void decode_e4m3_avx2(const float *lut, c
  * table bit for bit on all 256 codes (which also rules out denormals-are-zero modes). */
 static decode_fn pick_decode(fi_dtype dtype, const float *lut)
 {
-#ifdef FI_HAVE_SIMD_DECODE
+#ifdef FI_HAVE_X86_SIMD
     if (dtype != FI_DTYPE_E4M3FN)
         return decode_lut;
     decode_fn f = NULL;
@@ -112,6 +108,14 @@ static decode_fn pick_decode(fi_dtype dtype, const float *lut)
 #endif
 }
 
+/* Asks for the run of bytes the caller will want next (the same k range of the next row
+ * or column): runs are short and far apart, which the hardware prefetchers miss. */
+static void prefetch_run(const uint8_t *next, int64_t bytes)
+{
+    for (int64_t at = 0; at < bytes; at += 64)
+        __builtin_prefetch(next + at);
+}
+
 static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc, float *dst)
 {
     const fp8_ctx *c = ctx;
@@ -120,6 +124,8 @@ static void row_a(const void *ctx, int64_t bi, int64_t i, int64_t k0, int64_t kc
         (const uint8_t *)a->data + bi * a->stride[0] + i * a->stride[1] + k0 * a->stride[2];
     int64_t sk = a->stride[2];
     if (sk == 1) {
+        if (i + 1 < a->shape[1])
+            prefetch_run(src + a->stride[1], kc);
         c->dec_a(c->lut_a, src, kc, dst);
         return;
     }
@@ -136,6 +142,8 @@ static void col_b_strided(const void *ctx, int64_t bi, int64_t j, int64_t k0, in
         (const uint8_t *)b->data + bi * b->stride[0] + k0 * b->stride[1] + j * b->stride[2];
     int64_t sk = b->stride[1];
     if (sk == 1) { /* column-major B: a contiguous run */
+        if (j + 1 < b->shape[2])
+            prefetch_run(src + b->stride[2], kc);
         c->dec_b(c->lut_b, src, kc, dst);
         return;
     }
@@ -156,6 +164,8 @@ static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int6
             run = kc - kk;
         const uint8_t *src = (const uint8_t *)b->data + (kg / 128) * b->stride[0] +
                              j * b->stride[1] + (kg % 128) * s2;
+        if (s2 == 1 && j + 1 < b->shape[1])
+            prefetch_run(src + b->stride[1], run);
         if (s2 == 1)
             c->dec_b(c->lut_b, src, run, dst + kk);
         else
@@ -163,6 +173,129 @@ static void col_b_block(const void *ctx, int64_t bi, int64_t j, int64_t k0, int6
                 dst[kk + e] = c->lut_b[src[e * s2]];
         kk += run;
     }
+}
+
+#ifdef FI_HAVE_X86_SIMD
+#define UNROLLED _Pragma("GCC unroll 8")
+
+/* e4m3fn codes in the high bytes of w as binary16: the seven magnitude bits moved under
+ * the binary16 exponent (2^-8 of the value, made up by the caller), NaN codes NaN. */
+FI_AVX2_INLINE __m128i e4m3_as_half_scaled(__m128i w)
+{
+    __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xbfff));
+    __m128i is_nan =
+        _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f00)), _mm_set1_epi16(0x7f00));
+    return _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), is_nan);
+}
+
+/* rows of a (up to eight) dotted with n bytes of B (a multiple of 16), every 16 bytes
+ * widened once for all rows. Up to four rows keep two accumulators a row, over alternate
+ * octets, so at least eight FMA chains are in flight. A line of next (the same run of the
+ * next column, or NULL) is prefetched per line read, so the requests overlap the work. */
+FI_AVX2_INLINE void dot_run(int rows, int e4m3, const uint8_t *src, const uint8_t *next, int64_t n,
+                            const float *a, int64_t lda, __m256 acc[8][2])
+{
+    const __m128i zero = _mm_setzero_si128();
+    for (int64_t i = 0; i < n; i += 16) {
+        if (next && i % 64 == 0)
+            __builtin_prefetch(next + i);
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i wl = _mm_unpacklo_epi8(zero, bytes), wh = _mm_unpackhi_epi8(zero, bytes);
+        if (e4m3) {
+            wl = e4m3_as_half_scaled(wl);
+            wh = e4m3_as_half_scaled(wh);
+        }
+        __m256 lo = _mm256_cvtph_ps(wl), hi = _mm256_cvtph_ps(wh); /* e5m2: a binary16's top */
+        UNROLLED
+        for (int r = 0; r < rows; r++) {
+            acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + i), lo, acc[r][0]);
+            int alt = rows <= 4;
+            acc[r][alt] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + i + 8), hi, acc[r][alt]);
+        }
+    }
+}
+
+/* One column of B against `rows` rows of A: the column's runs of contiguous k (one for a
+ * column-major B, one per 128-block for the prepared layout), the same runs of the next
+ * column prefetched as they go; a short last run goes through a zero-padded copy (A is
+ * zero there). */
+FI_AVX2_INLINE void dot_column(int rows, int e4m3, const fp8_ctx *c, int64_t bi, int64_t j,
+                               const float *a, int64_t lda, float *out)
+{
+    const fi_tensor *b = &c->p->b;
+    int block = c->p->b_layout == FI_GEMM_B_BLOCK_K128;
+    int64_t k = block ? b->shape[0] * 128 : b->shape[1], run = block ? 128 : k;
+    int64_t next =
+        j + 1 < (block ? b->shape[1] : b->shape[2]) ? (block ? b->stride[1] : b->stride[2]) : 0;
+    __m256 acc[8][2];
+    UNROLLED
+    for (int r = 0; r < 8; r++)
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < k; k0 += run) {
+        const uint8_t *src =
+            (const uint8_t *)b->data + (block ? (k0 / 128) * b->stride[0] + j * b->stride[1]
+                                              : bi * b->stride[0] + j * b->stride[2]);
+        int64_t n = k - k0 < run ? k - k0 : run, whole = n / 16 * 16;
+        dot_run(rows, e4m3, src, next ? src + next : NULL, whole, a + k0, lda, acc);
+        if (whole < n) {
+            uint8_t tail[16] = {0};
+            memcpy(tail, src + whole, (size_t)(n - whole));
+            dot_run(rows, e4m3, tail, NULL, 16, a + k0 + whole, lda, acc);
+        }
+    }
+    UNROLLED
+    for (int r = 0; r < rows; r++) {
+        __m256 v = _mm256_add_ps(acc[r][0], acc[r][1]);
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        x = _mm_add_ss(x, _mm_movehdup_ps(x));
+        out[r] = _mm_cvtss_f32(x) * (e4m3 ? 256.0f : 1.0f); /* a power of two: exact */
+    }
+}
+
+/* fi_tiled_gemm's dot_b: up to eight rows of A per pass down the column. */
+__attribute__((target("avx2,fma,f16c"))) static void dot_b_avx2(const void *ctx, int64_t bi,
+                                                                int64_t j, const float *a,
+                                                                int64_t lda, int64_t m, float *out)
+{
+    const fp8_ctx *c = ctx;
+    int e4m3 = c->p->b.dtype == FI_DTYPE_E4M3FN;
+    for (int64_t r0 = 0; r0 < m; r0 += 8) {
+        int64_t rows = m - r0 < 8 ? m - r0 : 8;
+        const float *ar = a + r0 * lda;
+#define DOT_ROWS(R)                                                                                \
+    if (rows == R) {                                                                               \
+        if (e4m3)                                                                                  \
+            dot_column(R, 1, c, bi, j, ar, lda, out + r0);                                         \
+        else                                                                                       \
+            dot_column(R, 0, c, bi, j, ar, lda, out + r0);                                         \
+    }
+        DOT_ROWS(1)
+        DOT_ROWS(2)
+        DOT_ROWS(3)
+        DOT_ROWS(4)
+        DOT_ROWS(5)
+        DOT_ROWS(6)
+        DOT_ROWS(7)
+        DOT_ROWS(8)
+#undef DOT_ROWS
+    }
+}
+#endif
+
+/* dot_b when B's k runs are contiguous and the CPU has AVX2, FMA and F16C; else NULL. */
+static void (*pick_dot_b(const fi_gemm_fp8_params *p))(const void *, int64_t, int64_t,
+                                                       const float *, int64_t, int64_t, float *)
+{
+#ifdef FI_HAVE_X86_SIMD
+    int contiguous =
+        p->b_layout == FI_GEMM_B_BLOCK_K128 ? p->b.stride[2] == 1 : p->b.stride[1] == 1;
+    if (contiguous && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return dot_b_avx2;
+#endif
+    (void)p;
+    return NULL;
 }
 
 int fi_gemm_fp8_cpu(const fi_gemm_fp8_params *p)
@@ -180,6 +313,7 @@ int fi_gemm_fp8_cpu(const fi_gemm_fp8_params *p)
         .n = p->b_layout == FI_GEMM_B_BLOCK_K128 ? p->b.shape[1] : p->b.shape[2],
         .row_a = row_a,
         .col_b = p->b_layout == FI_GEMM_B_BLOCK_K128 ? col_b_block : col_b_strided,
+        .dot_b = pick_dot_b(p),
         .ctx = &ctx,
         .scale = scale,
         .out = p->out,

@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define FI_HAVE_AVX2_KERNEL 1
-#endif
+/* Loops over arrays of vector registers are unrolled before gcc scalarizes the arrays;
+ * otherwise every accumulator goes through the stack on every k step (half the speed). */
+#define UNROLLED _Pragma("GCC unroll 16")
 
 /* Register tile MR x NR (NR is the micro-kernel's: 16, or 32 with AVX-512), cache tiles
  * MC x NC x KC (the A block stays in L2, one B strip of KC x NR in L1). */
@@ -36,11 +36,12 @@ static void micro_generic(int64_t kc, const float *a, const float *b, float *c, 
             c[r * ldc + j] += acc[r][j];
 }
 
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
 __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const float *a,
                                                            const float *b, float *c, int64_t ldc)
 {
     __m256 c0[MR], c1[MR];
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         c0[r] = _mm256_setzero_ps();
         c1[r] = _mm256_setzero_ps();
@@ -49,12 +50,14 @@ __attribute__((target("avx2,fma"))) static void micro_avx2(int64_t kc, const flo
         __m256 b0 = _mm256_loadu_ps(b + kk * NR);
         __m256 b1 = _mm256_loadu_ps(b + kk * NR + 8);
         const float *ak = a + kk * MR;
+        UNROLLED
         for (int r = 0; r < MR; r++) {
             __m256 ar = _mm256_broadcast_ss(ak + r);
             c0[r] = _mm256_fmadd_ps(ar, b0, c0[r]);
             c1[r] = _mm256_fmadd_ps(ar, b1, c1[r]);
         }
     }
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         float *cr = c + r * ldc;
         _mm256_storeu_ps(cr, _mm256_add_ps(_mm256_loadu_ps(cr), c0[r]));
@@ -67,6 +70,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
                                                             const float *b, float *c, int64_t ldc)
 {
     __m512 c0[MR], c1[MR];
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         c0[r] = _mm512_setzero_ps();
         c1[r] = _mm512_setzero_ps();
@@ -75,12 +79,14 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
         __m512 b0 = _mm512_loadu_ps(b + kk * NR_MAX);
         __m512 b1 = _mm512_loadu_ps(b + kk * NR_MAX + 16);
         const float *ak = a + kk * MR;
+        UNROLLED
         for (int r = 0; r < MR; r++) {
             __m512 ar = _mm512_set1_ps(ak[r]);
             c0[r] = _mm512_fmadd_ps(ar, b0, c0[r]);
             c1[r] = _mm512_fmadd_ps(ar, b1, c1[r]);
         }
     }
+    UNROLLED
     for (int r = 0; r < MR; r++) {
         float *cr = c + r * ldc;
         _mm512_storeu_ps(cr, _mm512_add_ps(_mm512_loadu_ps(cr), c0[r]));
@@ -93,7 +99,7 @@ __attribute__((target("avx512f"))) static void micro_avx512(int64_t kc, const fl
 static micro_fn pick_micro(int *nr)
 {
     *nr = NR;
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
     if (__builtin_cpu_supports("avx512f")) {
         *nr = NR_MAX;
         return micro_avx512;
@@ -108,7 +114,7 @@ static micro_fn pick_micro(int *nr)
  * strip); each B k-block is dequantized and packed once per unit and reused by every MC
  * tile of the chunk. Small m (<= SMALL_M): a unit is (batch, run of cols_per_unit
  * columns), B is walked once and dotted against the dequantized rows of A. */
-enum { MB_MAX = 8 * MC, SMALL_M = 16, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
+enum { MB_MAX = 8 * MC, SMALL_M = FI_TILED_SMALL_M, LANES = 16, SMALL_KC = 512, SMALL_NJ = 8 };
 
 typedef struct {
     const fi_tiled_gemm *g;
@@ -276,7 +282,7 @@ static void small_dot_generic(int64_t m, int64_t kp, const float *a, int64_t lda
                 acc[r][e] += a[r * lda + kk + e] * b[kk + e];
 }
 
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
 __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_t kp,
                                                                const float *a, int64_t lda,
                                                                const float *b, float acc[][LANES])
@@ -284,15 +290,18 @@ __attribute__((target("avx2,fma"))) static void small_dot_avx2(int64_t m, int64_
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;
         const float *ar[4];
+        UNROLLED
         for (int r = 0; r < 4; r++)
             ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
         __m256 lo[4], hi[4];
+        UNROLLED
         for (int r = 0; r < 4; r++) {
             lo[r] = _mm256_setzero_ps();
             hi[r] = _mm256_setzero_ps();
         }
         for (int64_t kk = 0; kk < kp; kk += LANES) {
             __m256 b0 = _mm256_loadu_ps(b + kk), b1 = _mm256_loadu_ps(b + kk + 8);
+            UNROLLED
             for (int r = 0; r < 4; r++) {
                 lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk), b0, lo[r]);
                 hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(ar[r] + kk + 8), b1, hi[r]);
@@ -313,10 +322,12 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
     for (int64_t r0 = 0; r0 < m; r0 += 4) {
         int64_t rows = m - r0 < 4 ? m - r0 : 4;
         const float *ar[4];
+        UNROLLED
         for (int r = 0; r < 4; r++)
             ar[r] = a + (r0 + (r < rows ? r : 0)) * lda;
         /* two accumulators per row over alternate k-steps hide the FMA latency */
         __m512 c0[4], c1[4];
+        UNROLLED
         for (int r = 0; r < 4; r++) {
             c0[r] = _mm512_setzero_ps();
             c1[r] = _mm512_setzero_ps();
@@ -324,6 +335,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
         int64_t kk = 0;
         for (; kk + 2 * LANES <= kp; kk += 2 * LANES) {
             __m512 b0 = _mm512_loadu_ps(b + kk), b1 = _mm512_loadu_ps(b + kk + LANES);
+            UNROLLED
             for (int r = 0; r < 4; r++) {
                 c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
                 c1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk + LANES), b1, c1[r]);
@@ -331,6 +343,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
         }
         if (kk < kp) {
             __m512 b0 = _mm512_loadu_ps(b + kk);
+            UNROLLED
             for (int r = 0; r < 4; r++)
                 c0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(ar[r] + kk), b0, c0[r]);
         }
@@ -344,7 +357,7 @@ __attribute__((target("avx512f"))) static void small_dot_avx512(int64_t m, int64
 
 static small_dot_fn pick_small_dot(void)
 {
-#ifdef FI_HAVE_AVX2_KERNEL
+#ifdef FI_HAVE_X86_SIMD
     if (__builtin_cpu_supports("avx512f"))
         return small_dot_avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
@@ -370,6 +383,15 @@ static void run_small(shared_state *st, int64_t t, scratch *s, small_dot_fn dot)
             memset(ar + g->k, 0, (size_t)(kp - g->k) * sizeof(float));
         }
         s->a_batch = bi;
+    }
+    if (g->dot_b) { /* the caller widens B in registers: one pass down each column */
+        float out[SMALL_M];
+        for (int64_t j = j0; j < j0 + cols; j++) {
+            g->dot_b(g->ctx, bi, j, s->ap, kp, g->m, out);
+            for (int64_t r = 0; r < g->m; r++)
+                store_value(g, (bi * g->m + r) * g->n + j, out[r]);
+        }
+        return;
     }
     /* SMALL_NJ neighbouring columns share each k-chunk, so B is read in longer runs */
     float acc[SMALL_NJ][SMALL_M][LANES];

@@ -7,6 +7,8 @@
 
 /* k0 and kc passed to the callbacks are multiples of FI_TILED_KC_ALIGN (except at k). */
 #define FI_TILED_KC_ALIGN 128
+/* Up to this many rows of A the GEMM is a pass over B per row block (bandwidth-bound). */
+#define FI_TILED_SMALL_M 16
 
 typedef struct {
     int64_t batch, m, n, k;
@@ -14,6 +16,11 @@ typedef struct {
     void (*row_a)(const void *ctx, int64_t batch, int64_t i, int64_t k0, int64_t kc, float *dst);
     /* dst[0..kc) = B[batch][k0..k0+kc)[j] as float32 */
     void (*col_b)(const void *ctx, int64_t batch, int64_t j, int64_t k0, int64_t kc, float *dst);
+    /* Optional (NULL: col_b is used), for m <= FI_TILED_SMALL_M: out[r] = the dot product
+     * of row r of a (A as row_a gives it, rows lda apart, zero-padded to lda, a multiple
+     * of 16) with column j of B[batch], for r < m; B read once, widened in registers. */
+    void (*dot_b)(const void *ctx, int64_t batch, int64_t j, const float *a, int64_t lda, int64_t m,
+                  float *out);
     const void *ctx;
     float scale;   /* applied to every accumulated sum before the store */
     fi_tensor out; /* [batch, m, n] (or [m, n] when batch is 1), f32/f16/bf16, contiguous */

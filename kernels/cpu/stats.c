@@ -3,9 +3,14 @@
 #include "flashinfer_kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fi_numeric.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 /* ---- memory layout ---------------------------------------------------------------- */
 
@@ -262,20 +267,45 @@ ALWAYS_INLINE void float_acc_add(float_acc *a, float v)
     a->sum += v;
 }
 
-/* Eight elements per step in two independent lane sets; the 32-bit counters are
- * flushed every CHUNK elements. */
-ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t step, int kind)
+/* The eight accumulator lanes of a float row between blocks (lane j of an f32_lanes pair
+ * is lane 4k + j here); float_row and the AVX2 row keep the same lanes. */
+typedef struct {
+    float lo[8], hi[8];
+    double sum[8];
+} float_lanes;
+
+static void float_lanes_init(float_lanes *s)
 {
-    if (n < 16) { /* short rows of a narrow slice: setting up the lanes costs more */
-        for (int64_t i = 0; i < n; i++)
-            float_acc_add(a, load_f32(p + i * step, kind));
-        return;
+    for (int j = 0; j < 8; j++) {
+        s->lo[j] = INFINITY;
+        s->hi[j] = -INFINITY;
+        s->sum[j] = 0.0;
     }
+}
+
+/* Lanes into a: min and max, and the sum as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...). */
+static void float_lanes_reduce(const float_lanes *s, float_acc *a)
+{
+    for (int k = 0; k < 2; k++) {
+        for (int j = 4 * k; j < 4 * k + 4; j++) {
+            a->min = s->lo[j] < a->min ? s->lo[j] : a->min;
+            a->max = s->hi[j] > a->max ? s->hi[j] : a->max;
+        }
+        a->sum += (s->sum[4 * k] + s->sum[4 * k + 1]) + (s->sum[4 * k + 2] + s->sum[4 * k + 3]);
+    }
+}
+
+/* Eight elements per step in two independent lane sets, over the first n & ~7 elements;
+ * the 32-bit counters are flushed into a every CHUNK elements. Returns the count done. */
+ALWAYS_INLINE int64_t float_lanes_run(float_lanes *s, float_acc *a, const char *p, int64_t n,
+                                      int64_t step, int kind)
+{
     f32_lanes l[2];
     for (int k = 0; k < 2; k++) {
-        l[k].lo = (f32x4){INFINITY, INFINITY, INFINITY, INFINITY};
-        l[k].hi = -l[k].lo;
-        l[k].sum_low = l[k].sum_high = (f64x2){0.0, 0.0};
+        memcpy(&l[k].lo, s->lo + 4 * k, 16);
+        memcpy(&l[k].hi, s->hi + 4 * k, 16);
+        memcpy(&l[k].sum_low, s->sum + 4 * k, 16);
+        memcpy(&l[k].sum_high, s->sum + 4 * k + 2, 16);
     }
     int64_t i = 0;
     while (n - i >= 8) {
@@ -295,24 +325,100 @@ ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t ste
             }
     }
     for (int k = 0; k < 2; k++) {
-        for (int j = 0; j < 4; j++) {
-            a->min = l[k].lo[j] < a->min ? l[k].lo[j] : a->min;
-            a->max = l[k].hi[j] > a->max ? l[k].hi[j] : a->max;
-        }
-        a->sum += (l[k].sum_low[0] + l[k].sum_low[1]) + (l[k].sum_high[0] + l[k].sum_high[1]);
+        memcpy(s->lo + 4 * k, &l[k].lo, 16);
+        memcpy(s->hi + 4 * k, &l[k].hi, 16);
+        memcpy(s->sum + 4 * k, &l[k].sum_low, 16);
+        memcpy(s->sum + 4 * k + 2, &l[k].sum_high, 16);
     }
+    return i;
+}
+
+ALWAYS_INLINE void float_row(float_acc *a, const char *p, int64_t n, int64_t step, int kind)
+{
+    if (n < 16) { /* short rows of a narrow slice: setting up the lanes costs more */
+        for (int64_t i = 0; i < n; i++)
+            float_acc_add(a, load_f32(p + i * step, kind));
+        return;
+    }
+    float_lanes s;
+    float_lanes_init(&s);
+    int64_t i = float_lanes_run(&s, a, p, n, step, kind);
+    float_lanes_reduce(&s, a);
     for (; i < n; i++)
         float_acc_add(a, load_f32(p + i * step, kind));
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FI_HAVE_AVX2_ROW 1
+
+/* float_lanes_run for contiguous float32 in 256-bit registers, about twice the 128-bit
+ * code's speed: the same eight lanes (lane j takes elements j, j + 8, ...), added in
+ * the same order, so the statistics are bit-identical. MINPS(v, lo) is exactly
+ * v < lo ? v : lo (NaN and signed zeros included), MAXPS likewise. */
+__attribute__((target("avx2"))) static int64_t f32_lanes_run_avx2(float_lanes *s, float_acc *a,
+                                                                  const char *p, int64_t n)
+{
+    __m256 lo = _mm256_loadu_ps(s->lo), hi = _mm256_loadu_ps(s->hi);
+    __m256d sum0 = _mm256_loadu_pd(s->sum), sum1 = _mm256_loadu_pd(s->sum + 4);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    int64_t i = 0;
+    while (n - i >= 8) {
+        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)7);
+        __m256i nan_count = _mm256_setzero_si256(), inf_count = _mm256_setzero_si256();
+        for (; i < stop; i += 8) {
+            __m256 v = _mm256_loadu_ps((const float *)(const void *)(p + 4 * i));
+            __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+            __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_EQ_OQ);
+            lo = _mm256_min_ps(v, lo);
+            hi = _mm256_max_ps(v, hi);
+            __m256 clean = _mm256_andnot_ps(is_nan, v);
+            sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(clean)));
+            sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(clean, 1)));
+            nan_count = _mm256_sub_epi32(nan_count, _mm256_castps_si256(is_nan));
+            inf_count = _mm256_sub_epi32(inf_count, _mm256_castps_si256(is_inf));
+        }
+        int32_t nans[8], infs[8];
+        _mm256_storeu_si256((__m256i *)(void *)nans, nan_count);
+        _mm256_storeu_si256((__m256i *)(void *)infs, inf_count);
+        for (int j = 0; j < 8; j++) {
+            a->nan += nans[j];
+            a->inf += infs[j];
+        }
+    }
+    _mm256_storeu_ps(s->lo, lo);
+    _mm256_storeu_ps(s->hi, hi);
+    _mm256_storeu_pd(s->sum, sum0);
+    _mm256_storeu_pd(s->sum + 4, sum1);
+    return i;
+}
+#endif
+
+/* float_lanes_run over contiguous float32, in 256-bit registers where the CPU has them. */
+static int64_t f32_lanes_run(float_lanes *s, float_acc *a, const char *p, int64_t n)
+{
+#ifdef FI_HAVE_AVX2_ROW
+    if (__builtin_cpu_supports("avx2"))
+        return f32_lanes_run_avx2(s, a, p, n);
+#endif
+    return float_lanes_run(s, a, p, n, 4, LOAD_F32);
+}
+
 /* Each row function takes a contiguous fast path where the step is the element size,
- * so the compiler sees a constant stride and uses whole-vector loads. */
+ * so the compiler sees a constant stride and uses whole-vector loads (float32: the
+ * AVX2 lanes; its short rows take float_row's scalar path either way). */
 static void row_f32(void *a, const char *p, int64_t n, int64_t step)
 {
-    if (step == 4)
-        float_row(a, p, n, 4, LOAD_F32);
-    else
+    if (step == 4 && n >= 16) {
+        float_lanes s;
+        float_lanes_init(&s);
+        int64_t i = f32_lanes_run(&s, a, p, n);
+        float_lanes_reduce(&s, a);
+        for (; i < n; i++)
+            float_acc_add(a, load_f32(p + i * 4, LOAD_F32));
+    } else {
         float_row(a, p, n, step, LOAD_F32);
+    }
 }
 
 static void row_f16(void *a, const char *p, int64_t n, int64_t step)
@@ -686,4 +792,58 @@ int fi_stats_cpu(const fi_tensor *t, fi_stats *out)
         return 0;
     }
     }
+}
+
+/* ---- streams ------------------------------------------------------------------------ */
+
+struct fi_stats_stream {
+    fi_dtype dtype;
+    int kind;
+    int64_t numel;
+    float_lanes lanes;
+    float_acc acc;
+    const char *tail; /* the last block's elements after its multiple of 8 */
+    int64_t tail_n;
+};
+
+fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel)
+{
+    int kind = dtype == FI_DTYPE_F32 ? LOAD_F32 : dtype == FI_DTYPE_F16 ? LOAD_F16 : LOAD_BF16;
+    if ((dtype != FI_DTYPE_F32 && dtype != FI_DTYPE_F16 && dtype != FI_DTYPE_BF16) || numel < 16)
+        return NULL;
+    fi_stats_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->dtype = dtype;
+    s->kind = kind;
+    s->numel = numel;
+    float_lanes_init(&s->lanes);
+    s->acc = (float_acc){INFINITY, -INFINITY, 0.0, 0, 0};
+    return s;
+}
+
+/* The same kernels fi_stats_cpu's one contiguous row would use, lanes carried over. */
+void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes)
+{
+    int64_t esize = s->kind == LOAD_F32 ? 4 : 2;
+    int64_t n = (int64_t)nbytes / esize, done;
+    if (s->kind == LOAD_F32)
+        done = f32_lanes_run(&s->lanes, &s->acc, p, n);
+    else if (s->kind == LOAD_F16)
+        done = float_lanes_run(&s->lanes, &s->acc, p, n, 2, LOAD_F16);
+    else
+        done = float_lanes_run(&s->lanes, &s->acc, p, n, 2, LOAD_BF16);
+    s->tail = (const char *)p + done * esize;
+    s->tail_n = n - done;
+}
+
+void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out)
+{
+    int64_t esize = s->kind == LOAD_F32 ? 4 : 2;
+    float_lanes_reduce(&s->lanes, &s->acc);
+    for (int64_t i = 0; i < s->tail_n; i++)
+        float_acc_add(&s->acc, load_f32(s->tail + i * esize, s->kind));
+    memset(out, 0, sizeof(*out));
+    finish_float(&s->acc, s->numel, 1, out);
+    free(s);
 }

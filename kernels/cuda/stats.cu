@@ -78,9 +78,11 @@ __device__ __forceinline__ void partial_add(partial *p, const partial &q)
     p->inf += q.inf;
 }
 
-/* This thread's share of elements first .. numel - 1 stepping by step. */
+/* This thread's share of elements first .. numel - 1 stepping by step. With finite_sum
+ * the infinities count in min and max but not in the sum (the printed mean is over the
+ * finite values, as FlashInfer's capture-time kernel prints it). */
 __device__ void accumulate(partial *p, const void *data, fi_dtype dtype, const layout &L,
-                           int64_t first, int64_t step, int64_t numel)
+                           int64_t first, int64_t step, int64_t numel, bool finite_sum)
 {
     for (int64_t i = first; i < numel; i += step) {
         double x = load_value(data, offset_of(L, i), dtype);
@@ -88,11 +90,12 @@ __device__ void accumulate(partial *p, const void *data, fi_dtype dtype, const l
             p->nan++;
             continue;
         }
-        if (isinf(x))
-            p->inf++;
+        bool inf = isinf(x);
+        p->inf += inf;
         p->min = fmin(p->min, x);
         p->max = fmax(p->max, x);
-        p->sum += x;
+        if (!(inf && finite_sum))
+            p->sum += x;
     }
 }
 
@@ -117,7 +120,7 @@ __global__ void __launch_bounds__(THREADS)
     partial mine;
     partial_init(&mine);
     accumulate(&mine, data, dtype, L, (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
-               (int64_t)gridDim.x * blockDim.x, numel);
+               (int64_t)gridDim.x * blockDim.x, numel, false);
     block_reduce(&mine, shared);
     if (threadIdx.x == 0)
         out[blockIdx.x] = mine;
@@ -144,17 +147,24 @@ __global__ void __launch_bounds__(PRINT_THREADS)
     __shared__ partial shared[PRINT_THREADS];
     partial mine;
     partial_init(&mine);
-    accumulate(&mine, data, dtype, L, threadIdx.x, blockDim.x, numel);
+    accumulate(&mine, data, dtype, L, threadIdx.x, blockDim.x, numel, true);
     block_reduce(&mine, shared);
     if (threadIdx.x != 0)
         return;
-    long long finite = numel - (long long)mine.nan;
-    double nan = __longlong_as_double(0x7ff8000000000000LL);
-    double mn = finite > 0 ? mine.min : nan, mx = finite > 0 ? mine.max : nan;
-    double mean = finite > 0 ? mine.sum / (double)finite : nan;
+    /* FlashInfer's lines: min/max over non-NaN values, the mean over finite ones */
+    long long finite = numel - (long long)mine.nan - (long long)mine.inf;
+    if (numel == 0) {
+        printf("[flashinfer stats] id=%lld numel=0 (empty tensor)\n", id);
+        return;
+    }
+    if (finite <= 0) {
+        printf("[flashinfer stats] id=%lld numel=%lld (all non-finite) nan=%llu inf=%llu\n", id,
+               (long long)numel, mine.nan, mine.inf);
+        return;
+    }
     printf("[flashinfer stats] id=%lld numel=%lld min=%.6f max=%.6f mean=%.6f nan=%llu "
            "inf=%llu\n",
-           id, (long long)numel, mn, mx, mean, mine.nan, mine.inf);
+           id, (long long)numel, mine.min, mine.max, mine.sum / (double)finite, mine.nan, mine.inf);
 }
 
 extern "C" int fi_stats_cuda_supports(fi_dtype dtype)

@@ -223,6 +223,20 @@ FI_NUMERIC_FN uint8_t fi_f32_to_e2m1(float f)
     return (uint8_t)(sign | code);
 }
 
+/* fi_f32_to_e4m3fn for a finite v >= 0 (a block's scale), without libm: normal results
+ * round the float32 bits to three mantissa bits (nearest even), subnormal ones are
+ * rint(v * 2^9) by the 2^23 trick; 448 and above saturate. */
+FI_NUMERIC_FN uint8_t fi_nonnegative_to_e4m3fn(float v)
+{
+    if (v >= 448.0f)
+        return 0x7e;
+    if (v < 0x1p-6f)
+        return (uint8_t)((v * 512.0f + 0x1p23f) - 0x1p23f);
+    uint32_t bits = fi_f32_bits(v);
+    bits += 0x7ffffu + ((bits >> 20) & 1);
+    return (uint8_t)((bits >> 20) - ((127u - 7u) << 3));
+}
+
 /* UE8M0 code of the smallest power of two >= v (round toward +inf, as the MX
  * quantizers do), saturating at 2^127; 0 for v <= 2^-127, 0xff for NaN. */
 FI_NUMERIC_FN uint8_t fi_f32_to_ue8m0_ceil(float v)

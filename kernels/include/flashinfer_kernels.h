@@ -274,7 +274,7 @@ typedef struct {
      * lse rows follow q. */
     const int32_t *o_indptr;
     /* Split-KV on CUDA: 0 the kernel chooses, -1 never split, > 0 keys per split. The
-     * CPU kernel never splits. */
+     * CPU kernel plans its own splits of long decode KV and ignores this. */
     int64_t kv_chunk;
 
     /* CUDA only (the CPU kernel ignores them); index arrays and mask are then device
@@ -319,7 +319,7 @@ typedef struct {
     int is_unsigned64;
     int64_t numel;
     long long deferred_id; /* FI_STATS_DEFERRED: the id the device printf line carries */
-    fi_dtype dtype;        /* FI_STATS_DEFERRED: the tensor's dtype */
+    fi_dtype dtype;        /* the tensor's dtype (fi_stats_of_tensor; FI_STATS_DEFERRED) */
 } fi_stats;
 
 /* Whether dtype has statistics: all but complex, packed fp4 and unknown dtypes. */
@@ -334,6 +334,17 @@ static inline int fi_dtype_has_stats(fi_dtype d)
  * tensors give kind FI_STATS_NONE. Returns -1 (out->kind NONE) when t's shape or strides
  * are invalid. */
 int fi_stats_cpu(const fi_tensor *t, fi_stats *out);
+
+/* fi_stats_cpu of dense memory fed in blocks, so a writer can take the statistics, the
+ * CRC and the write of each cache-sized block while it is hot; the result is
+ * bit-identical to fi_stats_cpu of the whole. Streams exist for float32, float16 and
+ * bfloat16 tensors of 16 elements or more (fi_stats_stream_new gives NULL otherwise, or
+ * when out of memory). Every block but the last holds a multiple of 8 elements, and the
+ * last one's memory stays valid until fi_stats_stream_end, which frees the stream. */
+typedef struct fi_stats_stream fi_stats_stream;
+fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel);
+void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes);
+void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out);
 
 /* out (kind FI_STATS_FLOAT) from the reductions of a float tensor of numel elements: min,
  * max and sum over its non-NaN values and its NaN and Inf counts; min, max and mean are
@@ -350,9 +361,10 @@ int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5]);
 /* Whether fi_stats_cuda handles dtype. */
 int fi_stats_cuda_supports(fi_dtype dtype);
 
-/* Capture-safe variant: enqueues a kernel that computes the same statistics and prints
- * "[flashinfer stats] id=N numel=... min=... max=... mean=... nan=... inf=..." with
- * device printf each time it runs (each graph replay); no allocation, no host wait. */
+/* Capture-safe variant: enqueues a kernel that prints, with device printf each time it
+ * runs (each graph replay), FlashInfer's line "[flashinfer stats] id=N numel=... min=...
+ * max=... mean=... nan=... inf=..." (mean over the finite values), or "... (empty
+ * tensor)" / "... (all non-finite) nan=... inf=..."; no allocation, no host wait. */
 int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
 
 /* ---- CUDA helpers ----------------------------------------------------------------

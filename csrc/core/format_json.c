@@ -1,0 +1,355 @@
+/* format_json.c: values and record heads of the JSON log (FLASHINFER_LOGFORMAT=json),
+ * written straight into the record buffer: no Python objects are built on the way. */
+#include "format_json.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "format.h"
+#include "json.h"
+#include "stats.h"
+#include "tensor.h"
+
+/* The process id, cached: getpid(2) is a system call, and every record carries it.
+ * A forked child clears the cache (pthread_atfork) and reads its own id. */
+static pid_t cached_pid;
+
+static void forget_pid(void) { cached_pid = 0; }
+
+static long process_id(void)
+{
+    if (cached_pid == 0)
+        cached_pid = getpid();
+    return (long)cached_pid;
+}
+
+int fi_format_json_exec(PyObject *module)
+{
+    (void)module;
+    static int registered;
+    if (!registered && pthread_atfork(NULL, NULL, forget_pid) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+        return -1;
+    }
+    registered = 1;
+    return 0;
+}
+
+/* Decimal digits of v, without printf (records are built on every call). */
+static int put_u64(fi_buf *b, unsigned long long v)
+{
+    char digits[24];
+    int n = sizeof digits;
+    do {
+        digits[--n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return fi_buf_append(b, digits + n, sizeof digits - (size_t)n);
+}
+
+static int put_i64(fi_buf *b, long long v)
+{
+    if (v < 0) {
+        fi_buf_putc(b, '-');
+        return put_u64(b, 0ull - (unsigned long long)v);
+    }
+    return put_u64(b, (unsigned long long)v);
+}
+
+int fi_format_json_head(fi_buf *b, const char *event, const char *api, long long call_id)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    fi_buf_puts(b, "{\"event\": \"");
+    fi_buf_puts(b, event);
+    fi_buf_putc(b, '"');
+    if (api) {
+        fi_buf_puts(b, ", \"api\": ");
+        fi_json_str(b, api, strlen(api));
+    }
+    if (call_id >= 0) {
+        fi_buf_puts(b, ", \"call_id\": ");
+        put_i64(b, call_id);
+    }
+    fi_buf_puts(b, ", \"timestamp\": ");
+    put_i64(b, (long long)tv.tv_sec);
+    char usec[8] = {'.'};
+    for (int i = 6, u = (int)tv.tv_usec; i >= 1; i--, u /= 10)
+        usec[i] = (char)('0' + u % 10);
+    fi_buf_append(b, usec, 7);
+    fi_buf_puts(b, ", \"pid\": ");
+    return put_i64(b, process_id());
+}
+
+int fi_format_json_close(fi_buf *b)
+{
+    if (fi_buf_puts(b, "}\n") < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+int fi_format_json_key(fi_buf *b, const char *key) { return fi_buf_printf(b, ", \"%s\": ", key); }
+
+/* Appends a Python str as a JSON string; lone surrogates come out as U+FFFD. */
+static int put_str(fi_buf *b, PyObject *s)
+{
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (u)
+        return fi_json_str(b, u, (size_t)n);
+    PyErr_Clear();
+    PyObject *bytes = PyUnicode_AsEncodedString(s, "utf-8", "replace");
+    if (!bytes)
+        return -1;
+    int r = fi_json_str(b, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+    Py_DECREF(bytes);
+    return r;
+}
+
+/* str(obj) or repr(obj) as a JSON string; a raising one becomes "<TypeName object>". */
+static int put_text_of(fi_buf *b, PyObject *obj, int use_repr)
+{
+    PyObject *s = fi_format_text_of(obj, use_repr);
+    int r = s ? put_str(b, s) : -1;
+    Py_XDECREF(s);
+    return r;
+}
+
+/* {"type": type_name, field: str(v) or repr(v)}; type names may hold any character. */
+static int put_typed_text(fi_buf *b, const char *type_name, const char *field, PyObject *v,
+                          int use_repr)
+{
+    fi_buf_puts(b, "{\"type\": ");
+    fi_json_str(b, type_name, strlen(type_name));
+    fi_buf_printf(b, ", \"%s\": ", field);
+    if (put_text_of(b, v, use_repr) < 0)
+        return -1;
+    return fi_buf_putc(b, '}');
+}
+
+static int put_int_array(fi_buf *b, const int64_t *v, int n)
+{
+    fi_buf_putc(b, '[');
+    for (int i = 0; i < n; i++) {
+        if (i)
+            fi_buf_puts(b, ", ");
+        put_i64(b, v[i]);
+    }
+    return fi_buf_putc(b, ']');
+}
+
+static int put_stats(fi_buf *b, const fi_stats *st)
+{
+    switch (st->kind) {
+    case FI_STATS_FLOAT:
+        fi_buf_puts(b, ", \"stats\": {\"min\": ");
+        fi_json_double(b, st->min);
+        fi_buf_puts(b, ", \"max\": ");
+        fi_json_double(b, st->max);
+        fi_buf_puts(b, ", \"mean\": ");
+        fi_json_double(b, st->mean);
+        return fi_buf_printf(b, ", \"nan_count\": %lld, \"inf_count\": %lld}",
+                             (long long)st->nan_count, (long long)st->inf_count);
+    case FI_STATS_INT:
+        if (st->is_unsigned64)
+            fi_buf_printf(b, ", \"stats\": {\"min\": %llu, \"max\": %llu, \"mean\": ",
+                          (unsigned long long)st->umin, (unsigned long long)st->umax);
+        else
+            fi_buf_printf(b, ", \"stats\": {\"min\": %lld, \"max\": %lld, \"mean\": ",
+                          (long long)st->imin, (long long)st->imax);
+        fi_json_double(b, st->mean);
+        return fi_buf_putc(b, '}');
+    case FI_STATS_SKIPPED_CAPTURE:
+        return fi_buf_puts(b, ", \"stats_skipped\": \"CUDA graph capture in progress\"");
+    case FI_STATS_DEFERRED:
+        return fi_buf_printf(b,
+                             ", \"stats_deferred\": {\"id\": %lld, \"numel\": %lld, "
+                             "\"dtype\": \"%s\"}",
+                             st->deferred_id, (long long)st->numel, fi_dtype_name(st->dtype));
+    case FI_STATS_NONE:
+        break;
+    }
+    return 0;
+}
+
+/* Level-5 statistics of a tensor whose metadata t was read: "stats", or "stats_error"
+ * with the message of the failure. -1 only for out-of-memory or a non-Exception. */
+static int put_tensor_stats(fi_buf *b, PyObject *tensor, const fi_tensor *t)
+{
+    fi_stats st;
+    PyObject *error;
+    if (fi_stats_or_error(tensor, t, &st, &error) < 0)
+        return -1;
+    if (!error)
+        return put_stats(b, &st);
+    fi_buf_puts(b, ", \"stats_error\": ");
+    int r = put_str(b, error);
+    Py_DECREF(error);
+    return r;
+}
+
+static int put_tensor(fi_buf *b, PyObject *tensor, int level)
+{
+    fi_tensor t;
+    int requires_grad;
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
+        return -1;
+    fi_buf_puts(b, "{\"type\": \"torch.Tensor\", \"shape\": ");
+    put_int_array(b, t.shape, t.ndim);
+    fi_buf_puts(b, ", \"stride\": ");
+    put_int_array(b, t.stride, t.ndim);
+    fi_buf_puts(b, ", \"dtype\": \"");
+    if (fi_tensor_put_dtype(b, tensor, &t) < 0)
+        return -1;
+    fi_buf_puts(b, "\", \"device\": \"");
+    if (fi_tensor_put_device(b, tensor, &t) < 0)
+        return -1;
+    fi_buf_printf(b, "\", \"requires_grad\": %s, \"is_contiguous\": %s",
+                  requires_grad ? "true" : "false", fi_tensor_is_contiguous(&t) ? "true" : "false");
+    if (level >= 5 && put_tensor_stats(b, tensor, &t) < 0)
+        return -1;
+    return fi_buf_putc(b, '}');
+}
+
+/* {"type": "enum", "name": "Cls.NAME", "value": ..., "class": "module.Qualname"}; an enum
+ * whose name or value cannot be read is written as its repr. */
+static int put_enum(fi_buf *b, PyObject *v, int level)
+{
+    PyObject *cls = (PyObject *)Py_TYPE(v);
+    PyObject *name = PyObject_GetAttrString(v, "name");
+    PyObject *value = name ? PyObject_GetAttr(v, fi_names.value) : NULL;
+    PyObject *mod = value ? PyObject_GetAttr(cls, fi_names.module) : NULL;
+    PyObject *qn = mod ? PyObject_GetAttr(cls, fi_names.qualname) : NULL;
+    PyObject *full = qn ? PyUnicode_FromFormat("%s.%S", _PyType_Name(Py_TYPE(v)), name) : NULL;
+    PyObject *path = full ? PyUnicode_FromFormat("%S.%S", mod, qn) : NULL;
+    int r;
+    if (!path) {
+        PyErr_Clear();
+        r = put_typed_text(b, _PyType_Name(Py_TYPE(v)), "repr", v, 1);
+    } else {
+        fi_buf_puts(b, "{\"type\": \"enum\", \"name\": ");
+        put_str(b, full);
+        fi_buf_puts(b, ", \"value\": ");
+        r = fi_format_json_value(b, value, level);
+        if (r == 0) {
+            fi_buf_puts(b, ", \"class\": ");
+            put_str(b, path);
+            r = fi_buf_putc(b, '}');
+        }
+    }
+    Py_XDECREF(name);
+    Py_XDECREF(value);
+    Py_XDECREF(mod);
+    Py_XDECREF(qn);
+    Py_XDECREF(full);
+    Py_XDECREF(path);
+    return r;
+}
+
+static int put_sequence(fi_buf *b, PyObject *seq, int level)
+{
+    int is_list = PyList_Check(seq);
+    Py_ssize_t n = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
+    fi_buf_printf(b, "{\"type\": \"%s\", \"length\": %zd, \"items\": [", is_list ? "list" : "tuple",
+                  n);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* a list may shrink under a repr that mutates it: re-check the size */
+        if (is_list && i >= PyList_GET_SIZE(seq))
+            break;
+        PyObject *item = is_list ? PyList_GET_ITEM(seq, i) : PyTuple_GET_ITEM(seq, i);
+        Py_INCREF(item);
+        if (i)
+            fi_buf_puts(b, ", ");
+        int r = fi_format_json_value(b, item, level);
+        Py_DECREF(item);
+        if (r < 0)
+            return -1;
+    }
+    return fi_buf_puts(b, "]}");
+}
+
+static int put_dict(fi_buf *b, PyObject *dict, int level)
+{
+    PyObject *items = PyDict_Items(dict);
+    if (!items)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    fi_buf_printf(b, "{\"type\": \"dict\", \"length\": %zd, \"items\": [", n);
+    int r = 0;
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        PyObject *kv = PyList_GET_ITEM(items, i);
+        fi_buf_puts(b, i ? ", {\"key\": " : "{\"key\": ");
+        r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 0), level);
+        if (r == 0) {
+            fi_buf_puts(b, ", \"value\": ");
+            r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 1), level);
+        }
+        if (r == 0)
+            fi_buf_putc(b, '}');
+    }
+    Py_DECREF(items);
+    return r < 0 ? -1 : fi_buf_puts(b, "]}");
+}
+
+/* An int as a JSON number; one past int64 as its decimal digits (still a number). */
+static int put_int(fi_buf *b, PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (!overflow)
+        return put_i64(b, x);
+    PyObject *digits = PyObject_Str(v);
+    if (!digits)
+        return -1;
+    const char *s = PyUnicode_AsUTF8(digits);
+    int r = s ? fi_buf_puts(b, s) : -1;
+    Py_DECREF(digits);
+    return r;
+}
+
+static int put_value(fi_buf *b, PyObject *v, int level)
+{
+    if (fi_is_tensor(v))
+        return put_tensor(b, v, level);
+    if (v == Py_None)
+        return fi_buf_puts(b, "null");
+    if (PyObject_TypeCheck(v, (PyTypeObject *)fi_enum_type()))
+        return put_enum(b, v, level);
+    if (PyBool_Check(v))
+        return fi_buf_puts(b, v == Py_True ? "true" : "false");
+    if (PyLong_Check(v))
+        return put_int(b, v);
+    if (PyFloat_Check(v))
+        return fi_json_double(b, PyFloat_AS_DOUBLE(v));
+    if (PyUnicode_Check(v))
+        return put_str(b, v);
+    if (PyList_Check(v) || PyTuple_Check(v))
+        return put_sequence(b, v, level);
+    if (PyDict_Check(v))
+        return put_dict(b, v, level);
+    const char *type_name = Py_TYPE(v)->tp_name;
+    if (strcmp(type_name, "torch.dtype") == 0)
+        return put_typed_text(b, "torch.dtype", "value", v, 0);
+    if (strcmp(type_name, "torch.device") == 0)
+        return put_typed_text(b, "torch.device", "value", v, 0);
+    return put_typed_text(b, _PyType_Name(Py_TYPE(v)), "repr", v, 1);
+}
+
+int fi_format_json_value(fi_buf *b, PyObject *v, int level)
+{
+    if (Py_EnterRecursiveCall(" while formatting a value for the JSON log"))
+        return -1;
+    int r = put_value(b, v, level);
+    Py_LeaveRecursiveCall();
+    if (r == 0 && b->oom) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return r < 0 && !PyErr_Occurred() ? (PyErr_NoMemory(), -1) : r;
+}

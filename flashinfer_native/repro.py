@@ -1,0 +1,904 @@
+"""``flashinfer repro``: one recorded call as a self-contained folder with a ``repro.py``.
+
+The folder holds the call's tensors (``data/*.pt``, PyTorch's own format, read back with
+``torch.load(weights_only=True)``: safetensors dumps are converted) and a script that
+needs only ``torch`` and ``flashinfer``. For a method of a stateful wrapper the script
+first rebuilds the object: its ``__init__`` and the latest ``plan`` recorded on the same
+object (same ``process_id`` and ``self_id``) before the call. The script compares the
+result with the recorded outputs, or the raised exception with the recorded one, and
+exits 1 on a mismatch.
+
+Exporting only reads the dump: nothing it names is imported or called here. Every name
+written into the script (module, function, class, enum member, dtype) must be a plain
+Python identifier and every value a literal, so a hostile dump cannot inject code; the
+generated script imports the recorded API by name, which its user runs knowingly.
+"""
+
+import fnmatch
+import keyword
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+
+from . import _C, dumpdir
+from .calls import session_calls
+
+__all__ = ["export_repro", "parse_signature"]
+
+# inspect.Parameter kinds, by name
+POSITIONAL_ONLY = "positional_only"
+POSITIONAL_OR_KEYWORD = "positional_or_keyword"
+VAR_POSITIONAL = "var_positional"
+KEYWORD_ONLY = "keyword_only"
+VAR_KEYWORD = "var_keyword"
+
+# Methods that (re)configure a wrapper: the latest one before the call is replayed.
+PLAN_METHODS = ("plan", "begin_forward")
+
+# Parameters holding scratch memory whose content before the call does not matter
+# (FlashInfer's workspace buffers): the script makes them with torch.empty instead of
+# shipping their recorded bytes (often hundreds of MB).
+WORKSPACE_PARAMETERS = ("*workspace*",)
+
+_NESTED_KEY = re.compile(r"__(\d+|key_\d+|value_\d+)$")
+_TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
+_CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+# ------------------------------------------------------------------- signature
+
+
+def _split_top_level(text):
+    """Split ``text`` at commas outside brackets and quotes; None when unbalanced."""
+    parts, depth, quote, start, i = [], [], None, 0, 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in _CLOSERS:
+            depth.append(_CLOSERS[ch])
+        elif depth and ch == depth[-1]:
+            depth.pop()
+        elif ch == "," and not depth:
+            parts.append(text[start:i])
+            start = i + 1
+        i += 1
+    if quote or depth:
+        return None
+    parts.append(text[start:])
+    return parts
+
+
+def _parameter_region(text):
+    """The text between the signature's outer parentheses, or None."""
+    text = text.strip()
+    if not text.startswith("("):
+        return None
+    depth, quote = 0, None
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{<":
+            depth += 1
+        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):
+            depth -= 1
+            if depth == 0:
+                return text[1:i] if ch == ")" else None
+    return None
+
+
+def parse_signature(text):
+    """Parameter names and kinds from ``str(inspect.signature(f))`` without evaluating it.
+
+    Defaults and annotations may be reprs that are not Python (``<SfLayout.x: 0>``);
+    only the names and the ``/``, ``*``, ``*args``, ``**kwargs`` markers are read.
+
+    Parameters
+    ----------
+    text : str
+        The recorded ``function_signature``.
+
+    Returns
+    -------
+    list of (str, str) or None
+        ``(name, kind)`` per parameter, kind one of ``positional_only``,
+        ``positional_or_keyword``, ``var_positional``, ``keyword_only``, ``var_keyword``;
+        None when the text cannot be read.
+    """
+    if not isinstance(text, str):
+        return None
+    region = _parameter_region(text)
+    parts = _split_top_level(region) if region is not None else None
+    if parts is None:
+        return None
+    params, keyword_only = [], False
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        if part == "/":
+            params = [(n, POSITIONAL_ONLY) for n, _ in params]
+            continue
+        if part == "*":
+            keyword_only = True
+            continue
+        match = re.match(r"(\*{0,2})([A-Za-z_]\w*)\s*(?:[:=]|$)", part)
+        if match is None:
+            return None
+        stars, name = match.groups()
+        if stars == "**":
+            params.append((name, VAR_KEYWORD))
+        elif stars == "*":
+            params.append((name, VAR_POSITIONAL))
+            keyword_only = True
+        else:
+            params.append((name, KEYWORD_ONLY if keyword_only else POSITIONAL_OR_KEYWORD))
+    return params
+
+
+def parameter_of(key, params):
+    """The parameter a recorded key belongs to (``arg_2__0`` -> the third parameter).
+
+    Parameters
+    ----------
+    key : str
+        An input key of SPEC 4.3 (``arg_{i}``, ``kwarg_{name}``, nested ``{parent}__...``).
+    params : list of (str, str)
+        :func:`parse_signature` of the recorded signature.
+
+    Returns
+    -------
+    str or None
+        The parameter name, None when the signature does not tell.
+    """
+    match = _TOP_KEY.match(key)
+    if match is None:
+        return None
+    if match.group(3) is not None:
+        return match.group(3)
+    index = int(match.group(2))
+    return params[index][0] if index < len(params) else None
+
+
+def is_workspace(name):
+    """True for a parameter name of ``WORKSPACE_PARAMETERS``."""
+    return name is not None and any(fnmatch.fnmatchcase(name, p) for p in WORKSPACE_PARAMETERS)
+
+
+# ---------------------------------------------------------------- value source
+
+
+def _identifier(text):
+    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
+
+
+def _dotted(text, what):
+    """Split a dotted name whose every part is an identifier; ValueError otherwise."""
+    parts = text.split(".") if isinstance(text, str) else []
+    if not parts or not all(_identifier(p) for p in parts):
+        raise ValueError(f"{what} {text!r} is not a dotted Python name; refusing to write it")
+    return parts
+
+
+# Names the script defines itself; imports never shadow them.
+_SCRIPT_NAMES = {
+    "argparse",
+    "os",
+    "sys",
+    "torch",
+    "HERE",
+    "load",
+    "compare",
+    "compare_tensor",
+    "check_exception",
+    "on_device",
+    "main",
+    "args",
+    "device",
+    "inputs",
+    "expected",
+    "outputs",
+    "result",
+    "wrapper",
+    "exc",
+}
+
+
+class _Script:
+    """What the generated script needs: imports, helper functions, notes for the reader."""
+
+    def __init__(self):
+        self.from_imports = {}  # local name -> module
+        self.module_imports = {}  # module -> the name it is bound to
+        self.needs_on_device = False
+        self.needs_compare = False
+        self.notes = []
+
+    def _taken(self, name):
+        return name in _SCRIPT_NAMES or name in self.module_imports.values()
+
+    def name_of(self, module, attr):
+        """An expression naming ``module.attr``: ``from module import attr`` when the name
+        is free, else ``import module as alias`` and ``alias.attr``."""
+        _dotted(module, "module")
+        _dotted(attr, "name")
+        if self.from_imports.get(attr) == module:
+            return attr
+        if attr not in self.from_imports and not self._taken(attr):
+            self.from_imports[attr] = module
+            return attr
+        alias = self.module_imports.get(module)
+        if alias is None:
+            alias = "_" + module.replace(".", "_")
+            while alias in self.from_imports or self._taken(alias):
+                alias += "_"
+            self.module_imports[module] = alias
+        return f"{alias}.{attr}"
+
+    def import_lines(self):
+        lines = [f"import {m} as {a}" for m, a in sorted(self.module_imports.items())]
+        by_module = {}
+        for name, module in self.from_imports.items():
+            by_module.setdefault(module, []).append(name)
+        lines += [f"from {m} import {', '.join(sorted(n))}" for m, n in sorted(by_module.items())]
+        return lines
+
+
+def _safe_text(text, limit=200):
+    """Untrusted text for a comment or docstring: printable ASCII, no backslash or quotes."""
+    text = str(text)[:limit]
+    return "".join(c if " " <= c <= "~" and c not in '\\"' else "?" for c in text)
+
+
+def _float_source(value):
+    if value != value:
+        return "float('nan')"
+    if value in (float("inf"), float("-inf")):
+        return "float('inf')" if value > 0 else "-float('inf')"
+    return repr(value)
+
+
+def _value_source(enc, tensors, var, script, where):
+    """Python source for one SPEC 4.3-encoded value; tensors come from ``var[key]``."""
+    if enc is None or isinstance(enc, (bool, int, str)):
+        return repr(enc)
+    if isinstance(enc, float):
+        return _float_source(enc)
+    if isinstance(enc, list):
+        return "[" + ", ".join(_value_source(v, tensors, var, script, where) for v in enc) + "]"
+    if not isinstance(enc, dict) or "type" not in enc:
+        script.notes.append(f"{where}: unreadable recorded value {str(enc)[:80]!r}; None is passed")
+        return "None"
+    kind = enc["type"]
+    if kind == "torch.Tensor":
+        key = enc.get("tensor_key")
+        if key not in tensors:
+            raise ValueError(f"{where}: tensor {key!r} is not in the inputs file")
+        return f"{var}[{key!r}]"
+    if kind == "torch.dtype":
+        parts = _dotted(str(enc.get("value", "")), f"{where}: dtype")
+        if len(parts) != 2 or parts[0] != "torch":
+            raise ValueError(f"{where}: dtype {enc.get('value')!r} is not a torch dtype")
+        return ".".join(parts)
+    if kind == "torch.device":
+        script.needs_on_device = True
+        return f"on_device({str(enc.get('value'))!r}, device)"
+    if kind == "enum":
+        parts = _dotted(enc.get("class"), f"{where}: enum class")
+        if len(parts) < 2:
+            raise ValueError(f"{where}: enum class {enc.get('class')!r} names no module")
+        cls = script.name_of(".".join(parts[:-1]), parts[-1])
+        member = str(enc.get("name", "")).rsplit(".", 1)[-1]
+        if _identifier(member):
+            return f"{cls}.{member}"
+        return f"{cls}({_value_source(enc.get('value'), tensors, var, script, where)})"
+    if kind in ("list", "tuple"):
+        items = [_value_source(v, tensors, var, script, where) for v in enc.get("items", [])]
+        if enc.get("truncated"):
+            script.notes.append(f"{where}: the recorded {kind} was truncated to {len(items)} items")
+        if kind == "tuple":
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        return "[" + ", ".join(items) + "]"
+    if kind == "dict":
+        pairs = [
+            _value_source(item.get("key"), tensors, var, script, where)
+            + ": "
+            + _value_source(item.get("value"), tensors, var, script, where)
+            for item in enc.get("items", [])
+            if isinstance(item, dict)
+        ]
+        return "{" + ", ".join(pairs) + "}"
+    recorded = str(enc.get("repr", kind))
+    script.notes.append(
+        f"{where} was recorded only as its repr ({recorded[:120]!r}); None is passed instead"
+    )
+    return "None"
+
+
+# ------------------------------------------------------------------ call steps
+
+
+@dataclass
+class _Step:
+    """One call of the chain: where its files come from and what the script calls it."""
+
+    number: int
+    call: object  # calls.Call
+    record: dict
+    label: str  # file stem in data/: "1_init", "2_plan", "3_run"
+    inputs: dict  # key -> tensor (loaded, memory-mapped), workspaces left out
+    scratch: dict  # key -> source making a workspace buffer afresh
+
+
+def _method_of(api):
+    return api.rsplit(".", 1)[1] if "." in api else api
+
+
+def _is_method(record):
+    return "." in str(record.get("function_name", "")) and record.get("self_id") is not None
+
+
+def _chain(calls, target, full_chain):
+    """The calls to replay, in order: the object's ``__init__``, plan(s), then the target."""
+    if not _is_method(target.record) or target.api.endswith(".__init__"):
+        return [target]
+    cls = target.api.rsplit(".", 1)[0]
+    same_object = [
+        c
+        for c in calls[: target.index]
+        if c.pid == target.pid
+        and c.self_id == target.self_id
+        and c.api.startswith(cls + ".")
+        and c.status == "completed"
+    ]
+    inits = [c for c in same_object if c.api == f"{cls}.__init__"]
+    if not inits:
+        raise ValueError(
+            f"{target.path}: no {cls}.__init__ dump of this object (process_id={target.pid}, "
+            f"self_id={target.self_id}) precedes the call in {os.path.dirname(target.path)}; "
+            "record with FLASHINFER_DUMP_INCLUDE/EXCLUDE letting __init__ and plan through"
+        )
+    since = [c for c in same_object if c.index > inits[-1].index]
+    if not full_chain:
+        since = [c for c in since if _method_of(c.api) in PLAN_METHODS][-1:]
+    return [inits[-1], *since, target]
+
+
+def _ordered_arguments(record, tensors, scratch, script, where):
+    """``(positional sources, [(name, source)])`` of a recorded call, named where allowed.
+
+    A source is ``(Python text, comment or None)``; tensors get their recorded dtype
+    and shape as the comment. Positional arguments become ``name=value`` when the
+    recorded signature says the parameter may be passed by keyword; any argument
+    before one that cannot be named stays positional.
+    """
+    encoded = dict(record.get("input_metadata") or {})
+    for key in [*tensors, *scratch]:
+        if not _NESTED_KEY.search(key):
+            encoded[key] = {"type": "torch.Tensor", "tensor_key": key}
+    details = record.get("tensor_details") or {}
+    positional, keywords = {}, {}
+    for key, value in encoded.items():
+        if key.startswith("arg_") and key[4:].isdigit():
+            positional[int(key[4:])] = (value, key)
+        elif key.startswith("kwarg_"):
+            keywords[key[6:]] = (value, key)
+
+    def source(value, key):
+        if key in scratch:
+            return scratch[key], "workspace: made afresh, its recorded bytes are not needed"
+        text = _value_source(value, tensors, "inputs", script, f"{where}: {key}")
+        info = details.get(key)
+        if key in tensors and isinstance(info, dict):
+            shape = tuple(info.get("shape") or ())
+            return text, _safe_text(f"{info.get('dtype')} {shape}")
+        return text, None
+
+    start = 1 if _is_method(record) else 0
+    count = max(positional) + 1 if positional else 0
+    params = parse_signature(record.get("function_signature")) or []
+    names = []
+    for i in range(start, count):
+        name, kind = params[i] if i < len(params) else (None, None)
+        names.append(name if kind == POSITIONAL_OR_KEYWORD and name not in keywords else None)
+    last_unnamed = max((k for k, n in enumerate(names) if n is None), default=-1)
+    names = [None] * (last_unnamed + 1) + names[last_unnamed + 1 :]
+    args, kwargs = [], []
+    for name, i in zip(names, range(start, count)):
+        value, key = positional.get(i, (None, f"arg_{i}"))
+        if name is None:
+            args.append(source(value, key))
+        else:
+            kwargs.append((name, source(value, key)))
+    order = {name: n for n, (name, _) in enumerate(params)}
+    for name in sorted(keywords, key=lambda k: order.get(k, len(order))):
+        kwargs.append((name, source(*keywords[name])))
+    return args, kwargs
+
+
+def _call_lines(callee, args, kwargs, assign, indent):
+    """``assign = callee(args..., name=value...)`` as source lines, one argument a line."""
+    pad = " " * indent
+    head = f"{pad}{assign} = {callee}(" if assign else f"{pad}{callee}("
+    if not args and not kwargs:
+        return [head + ")"]
+    items = list(args)
+    for name, (text, comment) in kwargs:
+        text = f"{name}={text}" if _identifier(name) else f"**{{{name!r}: {text}}}"
+        items.append((text, comment))
+    lines = [head]
+    for text, comment in items:
+        lines.append(f"{pad}    {text}," + (f"  # {comment}" if comment else ""))
+    lines.append(f"{pad})")
+    return lines
+
+
+# --------------------------------------------------------------------- script
+
+
+def _pretty_time(stamp):
+    if isinstance(stamp, str) and re.fullmatch(r"\d{8}_\d{6}_\d{3}", stamp):
+        return f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]} {stamp[9:11]}:{stamp[11:13]}:{stamp[13:15]}.{stamp[16:]}"
+    return str(stamp)
+
+
+def _step_source(step, total, script, is_target):
+    """Source lines of one step inside ``main()``; the target's result goes to ``result``."""
+    record, api = step.record, step.call.api
+    where = f"{step.call.dir_name}"
+    module = record.get("module")
+    parts = _dotted(api, "function_name")
+    what = "the call reproduced" if is_target else "rebuilds the object"
+    lines = [
+        f"    # Step {step.number} of {total}: {api} ({what}; recorded "
+        f"{_safe_text(_pretty_time(step.call.timestamp))})"
+    ]
+    if step.inputs:
+        lines.append(f'    inputs = load("{step.label}_inputs", device)')
+    args, kwargs = _ordered_arguments(record, step.inputs, step.scratch, script, where)
+    if _is_method(record):
+        cls = script.name_of(module, parts[0])
+        if parts[-1] == "__init__":
+            callee, assign = cls, "wrapper"
+        else:
+            callee, assign = f"wrapper.{parts[-1]}", "result" if is_target else None
+    else:
+        callee = script.name_of(module, parts[0])
+        if len(parts) > 1:
+            callee += "." + ".".join(parts[1:])
+        assign = "result" if is_target else None
+    exception = record.get("exception") if record.get("execution_status") == "exception" else None
+    if is_target and exception is not None:
+        lines.append("    try:")
+        lines += _call_lines(callee, args, kwargs, assign, 8)
+        lines.append("    except Exception as exc:  # the recording raised: so should this")
+        lines.append(
+            f"        return check_exception(exc, {str(exception.get('type'))!r}, "
+            f"{str(exception.get('message'))!r})"
+        )
+        return lines
+    return lines + _call_lines(callee, args, kwargs, assign, 4)
+
+
+def _expected_source(record, tensors, script):
+    """Source of the recorded return value, from output_metadata and outputs.pt keys."""
+    meta = record.get("output_metadata") or {}
+    where = "recorded output"
+    if "result" in tensors:
+        return "outputs['result']"
+    marker = meta.get("result")
+    if "result" in meta and not (
+        isinstance(marker, dict) and "length" in marker and "items" not in marker
+    ):
+        return _value_source(marker, tensors, "outputs", script, where)
+    items = {}
+    for key in list(meta) + list(tensors):
+        if key.startswith("result_") and key[7:].isdigit():
+            enc = {"type": "torch.Tensor", "tensor_key": key} if key in tensors else meta[key]
+            items[int(key[7:])] = _value_source(enc, tensors, "outputs", script, where)
+    if not items:
+        return "None"
+    values = [items.get(i, "None") for i in range(max(items) + 1)]
+    return "(" + ", ".join(values) + ("," if len(values) == 1 else "") + ")"
+
+
+def _ending(target, record, outputs, script):
+    """The lines after the target call: compare with the recording, return the exit status."""
+    status = record.get("execution_status")
+    if status == "exception":
+        exc = record.get("exception") or {}
+        message = (
+            "FAIL: the call returned normally; the recording raised "
+            f"{exc.get('type')}: {exc.get('message')}"
+        )
+        return [f"    print({message!r})", "    return 1"]
+    if status != "completed" or record.get("outputs_skipped"):
+        why = (
+            f"its outputs were not recorded ({record['outputs_skipped']})"
+            if status == "completed"
+            else "the recorded process ended during this call"
+        )
+        message = f"The call returned; {why}, so there is nothing to compare with."
+        return [f"    print({message!r})", "    return 0"]
+    if target.call.api.endswith(".__init__") and _is_method(record):
+        return ['    print("PASS: the object was constructed as recorded")', "    return 0"]
+    lines = []
+    if outputs:
+        lines.append(f'    outputs = load("{target.label}_outputs", device)')
+    lines.append(f"    expected = {_expected_source(record, outputs, script)}")
+    script.needs_compare = True
+    lines.append('    ok = compare("result", result, expected, args.rtol, args.atol)')
+    lines.append(
+        '    print("PASS: the result matches the recording" if ok else '
+        '"FAIL: the result differs from the recording")'
+    )
+    lines.append("    return 0 if ok else 1")
+    return lines
+
+
+_HELPERS_LOAD = '''
+def load(name, device):
+    """The tensors saved in data/NAME.pt, on device with their recorded strides."""
+    path = os.path.join(HERE, "data", name + ".pt")
+    return torch.load(path, map_location=device, weights_only=True)
+'''
+
+_HELPERS_ON_DEVICE = '''
+def on_device(recorded, device):
+    """A recorded torch.device, moved to the run device when their kinds differ."""
+    recorded = torch.device(recorded)
+    return recorded if recorded.type == device.type else device
+'''
+
+_HELPERS_COMPARE = '''
+def compare_tensor(where, actual, expected, rtol, atol):
+    """Print the max abs/rel difference of a tensor against the recorded one.
+
+    Floating tensors match within torch.isclose(rtol, atol) (NaN equals NaN); integer
+    and bool tensors must be bit-identical.
+    """
+    if not isinstance(actual, torch.Tensor):
+        print(f"  {where}: expected a tensor, got {type(actual).__name__}")
+        return False
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        print(
+            f"  {where}: got {actual.dtype} {tuple(actual.shape)}, "
+            f"recorded {expected.dtype} {tuple(expected.shape)}"
+        )
+        return False
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if not (a.is_floating_point() or a.is_complex()):
+        width = a.element_size()
+        a_bytes = a.contiguous().view(-1).view(torch.uint8).view(-1, width)
+        e_bytes = e.contiguous().view(-1).view(torch.uint8).view(-1, width)
+        bad = int((a_bytes != e_bytes).any(dim=1).sum())
+        print(f"  {where}: {a.dtype} {tuple(a.shape)}: {bad} of {a.numel()} elements differ")
+        return bad == 0
+    wide = torch.complex128 if a.is_complex() else torch.float64
+    a, e = a.to(wide), e.to(wide)
+    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    diff = (a - e).abs()
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    finite = diff[~torch.isnan(diff)]
+    max_abs = finite.max().item() if finite.numel() else 0.0
+    nonzero = e.abs() > 0
+    rel = (diff[nonzero] / e.abs()[nonzero]) if bool(nonzero.any()) else finite[:0]
+    rel = rel[~torch.isnan(rel)]
+    max_rel = rel.max().item() if rel.numel() else 0.0
+    bad = int((~close).sum())
+    print(
+        f"  {where}: {actual.dtype} {tuple(a.shape)}: max abs diff {max_abs:.6g}, "
+        f"max rel diff {max_rel:.6g}, {bad} of {a.numel()} elements outside "
+        f"rtol={rtol:g}, atol={atol:g}"
+    )
+    return bad == 0
+
+
+def compare(where, actual, expected, rtol, atol):
+    """Print how a value compares with the recorded one; True when it matches."""
+    if isinstance(expected, torch.Tensor):
+        return compare_tensor(where, actual, expected, rtol, atol)
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            print(f"  {where}: expected {len(expected)} items, got {type(actual).__name__}")
+            return False
+        pairs = zip(actual, expected)
+        return all([compare(f"{where}[{i}]", a, e, rtol, atol) for i, (a, e) in enumerate(pairs)])
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            print(f"  {where}: expected a dict with keys {sorted(map(str, expected))}")
+            return False
+        return all([compare(f"{where}[{k!r}]", actual[k], v, rtol, atol) for k, v in expected.items()])
+    if isinstance(actual, torch.Tensor):
+        print(f"  {where}: got a tensor, recorded {expected!r}")
+        return False
+    same = actual == expected or (actual != actual and expected != expected)  # NaN == NaN
+    print(f"  {where}: {actual!r} {'==' if same else '!='} recorded {expected!r}")
+    return bool(same)
+'''
+
+_HELPERS_EXCEPTION = '''
+def check_exception(exc, recorded_type, recorded_message):
+    """The call raised, as recorded: 0 when the exception type is the recorded one."""
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    if type(exc).__name__ == recorded_type:
+        print(f"PASS: reproduced {recorded_type}: {exc}")
+        print(f"      recorded {recorded_type}: {recorded_message}")
+        return 0
+    print(f"FAIL: raised {type(exc).__name__}: {exc}")
+    print(f"      recorded {recorded_type}: {recorded_message}")
+    return 1
+'''
+
+
+def _docstring(steps, record, device, rtol, atol):
+    target = steps[-1].call
+    versions = record.get("versions") or {}
+    recorded = ", ".join(f"{k} {v}" for k, v in versions.items() if isinstance(v, str))
+    chain = ", ".join(_method_of(s.call.api) for s in steps)
+    status = record.get("execution_status")
+    exc = record.get("exception") or {}
+    outcome = {
+        "completed": "It compares the result with the recorded outputs and exits 0 when they\n"
+        "match, 1 when they do not.",
+        "exception": f"The recorded call raised {exc.get('type')}; the script exits 0 when the "
+        "call raises\nthe same exception type, 1 otherwise.",
+    }.get(status, "The recorded process ended during this call: there is nothing to compare.")
+    lines = [
+        f"Reproducer of one recorded FlashInfer API call: {target.api}.",
+        "",
+        f"Exported by `flashinfer repro` from {target.dir_name}",
+        f"(recorded {_pretty_time(target.timestamp)}, process {target.pid}"
+        + (f"; {recorded}" if recorded else "")
+        + ").",
+    ]
+    if len(steps) > 1:
+        lines.append(f"The object is rebuilt as recorded before the call: {chain}.")
+    lines += [
+        "",
+        "Needs torch and flashinfer only. Run it from anywhere:",
+        "",
+        f"    python repro.py [--device {device}] [--rtol {rtol:g}] [--atol {atol:g}]",
+        "",
+        *outcome.split("\n"),
+    ]
+    return "\n".join(_safe_text(line, 400) for line in lines)
+
+
+def _script_source(steps, outputs, device, rtol, atol):
+    script = _Script()
+    body = []
+    for step in steps:
+        body += _step_source(step, len(steps), script, step is steps[-1])
+        body.append("")
+    record = steps[-1].record
+    if record.get("execution_status") == "exception":
+        body.pop()
+    body += _ending(steps[-1], record, outputs, script)
+    helpers = [_HELPERS_LOAD]
+    if script.needs_on_device:
+        helpers.append(_HELPERS_ON_DEVICE)
+    if script.needs_compare:
+        helpers.append(_HELPERS_COMPARE)
+    status = record.get("execution_status")
+    if status == "exception":
+        helpers.append(_HELPERS_EXCEPTION)
+    notes = [f"    # NOTE: {_safe_text(note, 400)}" for note in dict.fromkeys(script.notes)]
+    stdlib = ["argparse", "os", "sys"] + (["traceback"] if status == "exception" else [])
+    head = [
+        "#!/usr/bin/env python3",
+        f'"""{_docstring(steps, record, device, rtol, atol)}\n"""',
+        "",
+        *[f"import {m}" for m in stdlib],
+        "",
+        "import torch",
+        "",
+        *script.import_lines(),
+        "",
+        "HERE = os.path.dirname(os.path.abspath(__file__))",
+        "",
+    ]
+    main = [
+        "",
+        "def main():",
+        '    parser = argparse.ArgumentParser(description=__doc__.split("\\n")[0])',
+        f'    parser.add_argument("--device", default={device!r}, help="where to run (default: %(default)s)")',
+        f'    parser.add_argument("--rtol", type=float, default={rtol!r}, help="relative tolerance")',
+        f'    parser.add_argument("--atol", type=float, default={atol!r}, help="absolute tolerance")',
+        "    args = parser.parse_args()",
+        "    device = torch.device(args.device)",
+        '    if device.type == "cuda" and not torch.cuda.is_available():',
+        '        sys.exit("CUDA is not available here; run with --device cpu")',
+        f'    print(f"Reproducing {steps[-1].call.api} on {{device}}")',
+        "",
+        *notes,
+        *body,
+        "",
+        "",
+        'if __name__ == "__main__":',
+        "    sys.exit(main())",
+        "",
+    ]
+    helper_text = "\n\n\n".join(h.strip("\n") for h in helpers)
+    text = "\n".join(head) + "\n\n" + helper_text + "\n\n" + "\n".join(main)
+    compile(text, "repro.py", "exec")  # a bug here must never ship a broken script
+    return text, list(dict.fromkeys(script.notes))
+
+
+# --------------------------------------------------------------------- export
+
+
+def _recorded_device(record):
+    details = record.get("tensor_details") or {}
+    kinds = {
+        str(d.get("device", "cpu")).split(":")[0] for d in details.values() if isinstance(d, dict)
+    }
+    return "cuda" if "cuda" in kinds else "cpu"
+
+
+def _load_step_tensors(call, stem, key_list):
+    """The call's inputs/outputs (memory-mapped), checked against the keys it lists."""
+    path = dumpdir.tensor_file(call.path, stem, call.record)
+    listed = (call.record.get("tensor_info") or {}).get(key_list) or []
+    if path is None:
+        if listed:
+            raise FileNotFoundError(f"{call.path}: {stem} file is missing (tensors {listed[:5]})")
+        return {}
+    tensors = dumpdir.load_tensor_file(path)
+    missing = [k for k in listed if k not in tensors]
+    if missing:
+        raise ValueError(f"{path}: tensors {missing[:5]} listed in metadata are missing")
+    return tensors
+
+
+def _split_workspaces(record, tensors):
+    """(tensors to ship, {key: torch.empty source}) with workspace buffers made afresh."""
+    params = parse_signature(record.get("function_signature")) or []
+    scratch = {}
+    for key, tensor in tensors.items():
+        if _NESTED_KEY.search(key) or not is_workspace(parameter_of(key, params)):
+            continue
+        dtype = str(tensor.dtype)
+        _dotted(dtype, f"{key}: dtype")
+        shape = tuple(int(n) for n in tensor.shape)
+        scratch[key] = f"torch.empty({shape!r}, dtype={dtype}, device=device)"
+    return {k: t for k, t in tensors.items() if k not in scratch}, scratch
+
+
+def _step(number, call):
+    """One step of the chain: its inputs loaded, workspaces split off."""
+    inputs = _load_step_tensors(call, "inputs", "input_tensor_keys")
+    kept, scratch = _split_workspaces(call.record, inputs)
+    return _Step(number, call, call.record, _label(number, call.api), kept, scratch)
+
+
+def _label(number, api):
+    name = _method_of(api).strip("_") or "call"
+    return f"{number}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
+
+
+def _target_call(dump_dir):
+    """The call of ``dump_dir`` and the session around it (its parent directory)."""
+    dump_dir = os.path.abspath(os.fspath(dump_dir))
+    if not os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE)):
+        dumpdir.read_metadata(dump_dir)  # raises the reader's message
+    root = os.path.dirname(dump_dir)
+    calls = session_calls(root)
+    for call in calls:
+        if os.path.abspath(call.path) == dump_dir:
+            if call.record is None:
+                dumpdir.read_metadata(dump_dir)  # raises the reader's message
+            return calls, call
+    calls = session_calls(dump_dir)
+    return calls, calls[0]
+
+
+def _write_folder(folder, steps, outputs):
+    data = os.path.join(folder, "data")
+    os.makedirs(data)
+    total = 0
+    for step in steps:
+        if step.inputs:
+            total += _C.save_tensors(os.path.join(data, f"{step.label}_inputs.pt"), step.inputs)
+        shutil.copyfile(
+            os.path.join(step.call.path, dumpdir.METADATA_FILE),
+            os.path.join(data, f"{step.label}_metadata.jsonl"),
+        )
+    if outputs:
+        total += _C.save_tensors(os.path.join(data, f"{steps[-1].label}_outputs.pt"), outputs)
+    return total
+
+
+def _prepare_destination(out, tar):
+    out = os.path.abspath(os.fspath(out))
+    if tar:
+        archive = out if out.endswith(".tar.gz") else out + ".tar.gz"
+        if os.path.exists(archive):
+            raise FileExistsError(f"{archive} exists; choose another -o or remove it")
+        return archive, os.path.basename(archive)[: -len(".tar.gz")] or "repro"
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise FileExistsError(f"{out} exists and is not an empty directory; choose another -o")
+    return out, os.path.basename(out)
+
+
+def export_repro(dump_dir, out, device=None, tar=False, rtol=1e-3, atol=1e-3, full_chain=False):
+    """Write a self-contained reproducer of one recorded call.
+
+    Parameters
+    ----------
+    dump_dir : str or os.PathLike
+        One call's dump directory; its parent (the dump root) is searched for the
+        ``__init__`` and ``plan`` of a wrapper method's object.
+    out : str or os.PathLike
+        The folder to create (it must not exist or be empty); with ``tar``, the
+        ``.tar.gz`` archive to write (the suffix is added when missing).
+    device : str, optional
+        The script's default device; default: where the call's tensors were recorded.
+    tar : bool
+        Write one ``.tar.gz`` holding the folder instead of the folder.
+    rtol, atol : float
+        The script's default tolerances.
+    full_chain : bool
+        Replay every call made on the wrapper object since its ``__init__`` instead of
+        only its latest ``plan``.
+
+    Returns
+    -------
+    dict
+        ``path`` (folder or archive), ``script``, ``steps`` (API names in order),
+        ``tensor_bytes`` written and ``notes`` (arguments the script cannot rebuild).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        Missing or unreadable dump, a wrapper method without its ``__init__`` dump, a
+        name in the dump that is not a Python identifier.
+    FileExistsError
+        ``out`` exists (and is not an empty folder).
+    """
+    calls, target = _target_call(dump_dir)
+    chain = _chain(calls, target, full_chain)
+    destination, folder_name = _prepare_destination(out, tar)
+    steps = [_step(n, call) for n, call in enumerate(chain, 1)]
+    record = target.record
+    outputs = {}
+    if record.get("execution_status") == "completed" and not record.get("outputs_skipped"):
+        outputs = _load_step_tensors(target, "outputs", "output_tensor_keys")
+    device = device or _recorded_device(record)
+    source, notes = _script_source(steps, outputs, str(device), rtol, atol)
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".repro-", dir=os.path.dirname(destination))
+    try:
+        folder = os.path.join(staging, folder_name)
+        os.makedirs(folder)
+        size = _write_folder(folder, steps, outputs)
+        with open(os.path.join(folder, "repro.py"), "w") as f:
+            f.write(source)
+        os.chmod(os.path.join(folder, "repro.py"), 0o755)
+        if tar:
+            with tarfile.open(destination, "w:gz") as archive:
+                archive.add(folder, arcname=folder_name)
+        else:
+            if os.path.isdir(destination):
+                os.rmdir(destination)
+            os.rename(folder, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {
+        "path": destination,
+        "script": os.path.join(folder_name if tar else destination, "repro.py"),
+        "steps": [s.call.api for s in steps],
+        "tensor_bytes": size,
+        "notes": notes,
+    }
