@@ -34,15 +34,18 @@ def nvfp4_tensor(shape, seed):
     return packed, scales, values
 
 
-def test_decode_sinks_join_the_softmax_denominator():
-    kv_lens, page_size, hq, hkv, d = [5, 40, 1], 16, 8, 2, 64
+# [1500]: one request whose keys the CPU kernel splits into chunks and merges; the sink
+# joins the merged softmax state once.
+@pytest.mark.parametrize("kv_lens", [[5, 40, 1], [1500]], ids=["batch", "split"])
+def test_decode_sinks_join_the_softmax_denominator(kv_lens):
+    page_size, hq, hkv, d = 16, 8, 2, 64
     cache, indptr, indices, last = paged_batch(kv_lens, page_size, hkv, d, "NHD")
-    q = torch.randn(3, hq, d).to(torch.float16)
+    q = torch.randn(len(kv_lens), hq, d).to(torch.float16)
     sinks = torch.randn(hq) * 3
     w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
     w.plan(indptr, indices, last, hq, hkv, d, page_size)
     out, lse = w.run(q, cache, sinks=sinks, return_lse=True)
-    for b in range(3):
+    for b in range(len(kv_lens)):
         ref, ref_lse = attention(
             q[b : b + 1], *request_kv(cache, indptr, indices, kv_lens, b, "NHD"), sinks=sinks
         )
@@ -76,11 +79,13 @@ def _nvfp4_paged(kv_lens, page_size, hkv, d, seed):
     return packed, scales, values, indptr.to(torch.int32), indices, last
 
 
-@pytest.mark.parametrize("sf_as_pair", [False, True])
-def test_decode_nvfp4_kv_cache_matches_dequantized_reference(sf_as_pair):
-    kv_lens, page_size, hq, hkv, d = [7, 33], 8, 4, 2, 64
+@pytest.mark.parametrize(
+    "sf_as_pair, kv_lens", [(False, [7, 33]), (True, [7, 33]), (False, [1100])]
+)  # [1100]: keys the CPU kernel splits
+def test_decode_nvfp4_kv_cache_matches_dequantized_reference(sf_as_pair, kv_lens):
+    page_size, hq, hkv, d = 8, 4, 2, 64
     packed, scales, values, indptr, indices, last = _nvfp4_paged(kv_lens, page_size, hkv, d, 1)
-    q = torch.randn(2, hq, d).to(torch.bfloat16)
+    q = torch.randn(len(kv_lens), hq, d).to(torch.bfloat16)
     w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
     w.plan(
         indptr,
@@ -95,47 +100,10 @@ def test_decode_nvfp4_kv_cache_matches_dequantized_reference(sf_as_pair):
     )
     sf = (scales[:, 0], scales[:, 1]) if sf_as_pair else scales
     out = w.run(q, packed, kv_cache_sf=sf, k_scale=0.5, v_scale=2.0)
-    for b in range(2):
+    for b in range(len(kv_lens)):
         k, v = request_kv(values, indptr, indices, kv_lens, b, "NHD")
         ref, _ = attention(q[b : b + 1], k, v, sm_scale=0.5 / math.sqrt(d), v_scale=2.0)
         check(out[b], ref[0], torch.bfloat16)
-
-
-def test_decode_sinks_join_once_when_long_kv_is_split():
-    # 1500 keys of one request: the CPU kernel splits them into chunks and merges them;
-    # the sink joins the merged softmax state once.
-    kv_lens, page_size, hq, hkv, d = [1500], 16, 4, 2, 64
-    cache, indptr, indices, last = paged_batch(kv_lens, page_size, hkv, d, "NHD")
-    q = torch.randn(1, hq, d).to(torch.float16)
-    sinks = torch.tensor([0.0, 8.0, -3.0, float("-inf")])
-    w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
-    w.plan(indptr, indices, last, hq, hkv, d, page_size)
-    out, lse = w.run(q, cache, sinks=sinks, return_lse=True)
-    ref, ref_lse = attention(q, *request_kv(cache, indptr, indices, kv_lens, 0, "NHD"), sinks=sinks)
-    check(out[0], ref[0])
-    torch.testing.assert_close(lse[0], ref_lse[0], atol=1e-4, rtol=1e-5)
-
-
-def test_decode_nvfp4_kv_when_long_kv_is_split():
-    kv_lens, page_size, hq, hkv, d = [1100], 16, 4, 2, 64
-    packed, scales, values, indptr, indices, last = _nvfp4_paged(kv_lens, page_size, hkv, d, 2)
-    q = torch.randn(1, hq, d).to(torch.bfloat16)
-    w = BatchDecodeWithPagedKVCacheWrapper(WORKSPACE)
-    w.plan(
-        indptr,
-        indices,
-        last,
-        hq,
-        hkv,
-        d,
-        page_size,
-        q_data_type=torch.bfloat16,
-        kv_data_type=torch.uint8,
-    )
-    out = w.run(q, packed, kv_cache_sf=scales)
-    k, v = request_kv(values, indptr, indices, kv_lens, 0, "NHD")
-    ref, _ = attention(q, k, v)
-    check(out[0], ref[0], torch.bfloat16)
 
 
 def test_ragged_prefill_nvfp4_kv_as_one_scale_tensor():
