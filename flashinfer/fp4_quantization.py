@@ -163,8 +163,10 @@ def _quantize_per_token(a, scale_inv, layout, row_map, out_scale):
     return x_q, sf.reshape(-1, padded_cols) if padded_cols else sf, per_token
 
 
-@backend_requirement({**_QUANTIZE_BACKENDS, "cpu": CPU_REQUIREMENT})
+# The logged call checks its backend, as FlashInfer's quantizers do (an unknown backend is
+# recorded and replays as the same error).
 @flashinfer_api
+@backend_requirement({**_QUANTIZE_BACKENDS, "cpu": CPU_REQUIREMENT})
 def fp4_quantize(
     input,
     global_scale=None,
@@ -278,10 +280,10 @@ def _check_per_token_options(per_token_activation, sf_vec_size, row_map, out_sca
         )
 
 
+@flashinfer_api  # the check inside the logged call, as fp4_quantize
 @backend_requirement(
     {**_QUANTIZE_BACKENDS, "cake": CUDA_KERNEL_REQUIREMENT, "cpu": CPU_REQUIREMENT}
 )
-@flashinfer_api
 def nvfp4_quantize(
     a,
     a_global_sf,

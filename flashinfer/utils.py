@@ -38,8 +38,12 @@ KNOWN_COMPUTE_CAPABILITIES = (75, 80, 86, 87, 89, 90, 100, 101, 103, 110, 120, 1
 CUBLASLT_FP8_MIN_CAPABILITY = 89
 
 
-class BackendSupportedError(Exception):
-    """A backend (or compute capability) the API cannot run."""
+class BackendSupportedError(ValueError):
+    """A backend (or compute capability) the API cannot run.
+
+    FlashInfer derives it from Exception; here it is also a ValueError, what this
+    package raised for an unknown backend before, so code catching either still works.
+    """
 
 
 def get_compute_capability(device):

@@ -230,3 +230,9 @@ def test_our_apis_keep_the_surface_at_every_level(tmp_path, level):
     assert "ok torch.Size([8, 8])" in run.stdout
     if level != "0":
         assert "FlashInfer API Call: mm_fp4" in (tmp_path / "log.txt").read_text()
+
+
+def test_unknown_backend_error_is_also_a_value_error():
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="does not support backend 'bogus'"):
+        fp4_quantize(x, torch.tensor([1.0]), backend="bogus")
