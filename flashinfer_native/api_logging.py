@@ -73,15 +73,20 @@ def _dump_banner_text(logger):
     fmt = "safetensors" if logger.safetensors else "torch (.pt)"
     include = ", ".join(logger.include) or "(all)"
     exclude = ", ".join(logger.exclude) or "(none)"
+    ring = logger.ring_banner()
+    what, caps = ring or (
+        "All inputs and outputs of FlashInfer API calls are written to disk.",
+        f"  caps: {logger.max_count} calls, {logger.max_size_gb:g} GB",
+    )
     lines = [
         _SEP,
         "[flashinfer] WARNING: FLASHINFER_LOGLEVEL=10 (flight recorder) is on.",
-        "All inputs and outputs of FlashInfer API calls are written to disk.",
+        what,
         f"  dump directory: {logger.dump_dir}",
         f"  format: {fmt}",
         f"  include: {include}",
         f"  exclude: {exclude}",
-        f"  caps: {logger.max_count} calls, {logger.max_size_gb:g} GB",
+        caps,
         _SEP,
     ]
     return "\n".join(lines) + "\n"

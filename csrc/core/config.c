@@ -107,6 +107,66 @@ static int split_patterns(const char *s, char **items, int *count)
     return 0;
 }
 
+static const struct {
+    const char *name;
+    unsigned bit;
+} trigger_names[] = {
+    {"exception", FI_TRIGGER_EXCEPTION}, {"nan", FI_TRIGGER_NAN},
+    {"inf", FI_TRIGGER_INF},             {"nan_input", FI_TRIGGER_NAN_INPUT},
+    {"signal", FI_TRIGGER_SIGNAL},       {"exit", FI_TRIGGER_EXIT},
+};
+
+/* FLASHINFER_DUMP_ON: known names become bits; unknown ones warn (the rest still count). */
+static int parse_triggers(fi_config *cfg, const char *value, fi_config_warn_fn warn, void *ctx)
+{
+    char *items[FI_MAX_PATTERNS];
+    int n;
+    if (split_patterns(value, items, &n) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        unsigned bit = 0;
+        for (size_t k = 0; k < sizeof trigger_names / sizeof trigger_names[0]; k++)
+            if (strcmp(items[i], trigger_names[k].name) == 0)
+                bit = trigger_names[k].bit;
+        if (!bit)
+            warn(ctx, "FLASHINFER_DUMP_ON", items[i],
+                 "no trigger (known: exception, nan, inf, nan_input, signal, exit)");
+        cfg->dump_on |= bit;
+        free(items[i]);
+    }
+    return 0;
+}
+
+/* The flight recorder's variables (FLASHINFER_DUMP_RING and what goes with it). */
+static int ring_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
+{
+    const char *v;
+    long long n;
+    double d;
+    cfg->ring_max_gb = 4.0;
+    cfg->max_triggers = 1;
+    if ((v = env_or_null("FLASHINFER_DUMP_RING"))) {
+        if (parse_ll(v, &n) == 0 && n > 0)
+            cfg->ring = n;
+        else
+            warn(ctx, "FLASHINFER_DUMP_RING", v, "0 (no ring)");
+    }
+    if ((v = env_or_null("FLASHINFER_DUMP_RING_MAX_GB"))) {
+        if (parse_double(v, &d) == 0 && d >= 0)
+            cfg->ring_max_gb = d;
+        else
+            warn(ctx, "FLASHINFER_DUMP_RING_MAX_GB", v, "4");
+    }
+    if ((v = env_or_null("FLASHINFER_DUMP_MAX_TRIGGERS"))) {
+        if (parse_ll(v, &n) == 0 && n >= 0)
+            cfg->max_triggers = n;
+        else
+            warn(ctx, "FLASHINFER_DUMP_MAX_TRIGGERS", v, "1");
+    }
+    v = env_or_null("FLASHINFER_DUMP_ON");
+    return v ? parse_triggers(cfg, v, warn, ctx) : 0;
+}
+
 int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -150,7 +210,7 @@ int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
     if (split_patterns(getenv("FLASHINFER_DUMP_INCLUDE"), cfg->include, &cfg->n_include) < 0 ||
         split_patterns(getenv("FLASHINFER_DUMP_EXCLUDE"), cfg->exclude, &cfg->n_exclude) < 0)
         return -1;
-    return 0;
+    return ring_from_env(cfg, warn, ctx);
 }
 
 void fi_config_free(fi_config *cfg)

@@ -23,13 +23,17 @@ typedef struct {
     uint64_t nbytes;     /* numel * itemsize */
 } fi_saved_tensor;
 
-/* Output file: errors latch into err (an errno value) so writers run without the GIL. */
+/* Output file: errors latch into err (an errno value) so writers run without the GIL.
+ * With mem set the "file" is mem[0..mem_cap) instead of fd (the flight recorder's file
+ * images); writing past mem_cap fails with ENOSPC. */
 typedef struct {
     int fd;
     uint64_t pos;
     int err;
     char *stage; /* small-write staging buffer */
     size_t stage_len, stage_cap;
+    char *mem;
+    size_t mem_cap;
 } fi_out;
 
 int fi_out_write(fi_out *o, const void *p, size_t n);

@@ -13,6 +13,18 @@ enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
  * (OSError naming the path for I/O errors; no file is left behind on failure). */
 Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format);
 
+/* A whole tensor file built in memory: data[0..len), data malloc'd with room for cap. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+} fi_image;
+
+/* Builds the file fi_save_tensor_dict would write for dict into img, reusing its buffer
+ * when it is large enough (the flight recorder's copies taken at call time). Returns the
+ * bytes, or -1 with an exception set. fi_image_free releases the buffer. */
+Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img);
+void fi_image_free(fi_image *img);
+
 /* Reads a .pt (PyTorch zip) or .safetensors file into a new dict {str: Tensor}. */
 PyObject *fi_load_tensor_dict(const char *path);
 
