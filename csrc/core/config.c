@@ -111,9 +111,8 @@ static const struct {
     const char *name;
     unsigned bit;
 } trigger_names[] = {
-    {"exception", FI_TRIGGER_EXCEPTION}, {"nan", FI_TRIGGER_NAN},
-    {"inf", FI_TRIGGER_INF},             {"nan_input", FI_TRIGGER_NAN_INPUT},
-    {"signal", FI_TRIGGER_SIGNAL},       {"exit", FI_TRIGGER_EXIT},
+    {"exception", FI_TRIGGER_EXCEPTION}, {"nan", FI_TRIGGER_NAN},       {"inf", FI_TRIGGER_INF},
+    {"nan_input", FI_TRIGGER_NAN_INPUT}, {"signal", FI_TRIGGER_SIGNAL}, {"exit", FI_TRIGGER_EXIT},
 };
 
 /* FLASHINFER_DUMP_ON: known names become bits; unknown ones warn (the rest still count). */

@@ -24,9 +24,9 @@ typedef struct {
     double max_size_gb;
     long long max_count;
     int safetensors;
-    long long ring;      /* FLASHINFER_DUMP_RING: calls kept (0: no ring) */
-    unsigned dump_on;    /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
-    double ring_max_gb;  /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget */
+    long long ring;         /* FLASHINFER_DUMP_RING: calls kept (0: no ring) */
+    unsigned dump_on;       /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
+    double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget */
     long long max_triggers; /* FLASHINFER_DUMP_MAX_TRIGGERS */
     char *include[FI_MAX_PATTERNS];
     int n_include;

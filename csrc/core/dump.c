@@ -119,9 +119,8 @@ static fi_ring *get_ring(fi_logger *lg)
     if (on & FI_TRIGGER_EXIT) {
         PyObject *atexit = PyImport_ImportModule("atexit");
         PyObject *method = PyObject_GetAttrString((PyObject *)lg, "dump_ring");
-        PyObject *ok = atexit && method
-                           ? PyObject_CallMethod(atexit, "register", "Os", method, "exit")
-                           : NULL;
+        PyObject *ok =
+            atexit && method ? PyObject_CallMethod(atexit, "register", "Os", method, "exit") : NULL;
         Py_XDECREF(atexit);
         Py_XDECREF(method);
         if (!ok)
@@ -138,8 +137,8 @@ static void fire_ring(fi_logger *lg, const char *trigger, const char *api_name)
         return; /* FLASHINFER_DUMP_MAX_TRIGGERS reached */
     int written = fi_ring_fire(lg->ring, trigger);
     if (written < 0)
-        log_line(lg, "[flashinfer] flight recorder: trigger %s in %s: cannot write %s: %s",
-                 trigger, api_name, lg->cfg.dump_dir, strerror(errno));
+        log_line(lg, "[flashinfer] flight recorder: trigger %s in %s: cannot write %s: %s", trigger,
+                 api_name, lg->cfg.dump_dir, strerror(errno));
     else
         log_line(lg, "[flashinfer] flight recorder: trigger %s in %s: %d calls written to %s",
                  trigger, api_name, written, lg->cfg.dump_dir);
@@ -410,9 +409,8 @@ static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *t
     if (!call->files || call->tensors_skipped)
         return 0;
     fi_image *img = stem[0] == 'i' ? &call->files->inputs : &call->files->outputs;
-    return fi_image_tensor_dict(tensors, call->lg->cfg.safetensors ? FI_FORMAT_SAFETENSORS
-                                                                  : FI_FORMAT_TORCH,
-                                img);
+    return fi_image_tensor_dict(
+        tensors, call->lg->cfg.safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, img);
 }
 
 /* ---------------------------------------------------------------- records */

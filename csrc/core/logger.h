@@ -26,7 +26,7 @@ typedef struct {
     int force_graph_capture; /* tests: treat every call as captured */
     int count_cap_warned, size_cap_warned;
     int dump_root_ready;
-    int session_fd;      /* DUMP_DIR/session.jsonl, opened on first use */
+    int session_fd;       /* DUMP_DIR/session.jsonl, opened on first use */
     struct fi_ring *ring; /* FLASHINFER_DUMP_RING: made at the first dumped call */
     int ring_warned;      /* the "call larger than the ring's budget" warning was given */
 } fi_logger;

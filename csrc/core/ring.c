@@ -28,9 +28,9 @@ typedef struct {
 struct fi_ring {
     long long n;
     char *root;
-    char *ext;  /* tensor file extension: "pt" or "safetensors" */
-    slot *slots; /* memory ring */
-    char **dirs; /* disk ring */
+    char *ext;             /* tensor file extension: "pt" or "safetensors" */
+    slot *slots;           /* memory ring */
+    char **dirs;           /* disk ring */
     long long head, count; /* index of the oldest call; calls held */
     long long generation;  /* last generation handed out */
     size_t budget, used;
@@ -366,8 +366,8 @@ static char *decimal(char *buf, unsigned long long v, int min_digits)
 
 /* {"record_type": "trigger", "trigger": T, ["signal": S,] "time": unix seconds,
  *  "process_id": P, "calls_written": K, <the newest call's keys>} on one line. */
-static void write_trigger_line(int fd, const char *trigger, const char *signame,
-                               const slot *newest, long long written)
+static void write_trigger_line(int fd, const char *trigger, const char *signame, const slot *newest,
+                               long long written)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -441,7 +441,7 @@ int fi_ring_fire(fi_ring *r, const char *trigger)
 /* -------------------------------------------------------- signal handlers */
 
 static const int handled_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGUSR1};
-static const char *const signal_names[] = {"SIGSEGV", "SIGBUS", "SIGFPE",
+static const char *const signal_names[] = {"SIGSEGV", "SIGBUS",  "SIGFPE",
                                            "SIGILL",  "SIGABRT", "SIGUSR1"};
 #define N_HANDLED (sizeof handled_signals / sizeof handled_signals[0])
 
