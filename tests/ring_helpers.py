@@ -5,8 +5,6 @@ import ctypes
 import os
 import signal
 
-import torch
-
 from flashinfer.api_logging import flashinfer_api
 
 
@@ -36,8 +34,3 @@ def abort(x):
     """Ends the process with SIGABRT inside a decorated call."""
     os.kill(os.getpid(), signal.SIGABRT)
     return x
-
-
-def call_index(tensor):
-    """The index step was called with, from its first element (inputs hold index + 0.5)."""
-    return int(float(tensor.flatten()[0]))
