@@ -287,10 +287,15 @@ def _as_int(value):
 
 
 def summarize_session(root):
-    """Summary of a dump root: calls per API and completed/exception/incomplete dumps."""
+    """Summary of a dump root: calls per API, completed/exception/incomplete dumps, and
+    the flight recorder's triggers (``triggers``: what fired and the triggering call)."""
     records, bad, source = _session_records(root)
     last = {}
+    triggers = []
     for record in records:
+        if record.get("record_type") == "trigger":
+            triggers.append(_trigger_summary(record))
+            continue
         key = str(record.get("dump_dir", ""))
         last[key] = record
     per_api = Counter(str(r.get("function_name", "unknown")) for r in last.values())
@@ -323,4 +328,18 @@ def summarize_session(root):
         "recorded_bytes": recorded,
         "disk_bytes": _dir_bytes(root),
         "unreadable_records": bad,
+        "triggers": triggers,
+    }
+
+
+def _trigger_summary(record):
+    """A flight-recorder trigger record: what fired, at which call (directory name)."""
+    return {
+        "trigger": record.get("trigger"),
+        "signal": record.get("signal"),
+        "dir": os.path.basename(str(record.get("dump_dir", "")).rstrip("/")),
+        "function_name": record.get("function_name"),
+        "time": record.get("time"),
+        "process_id": record.get("process_id"),
+        "calls_written": record.get("calls_written"),
     }

@@ -380,3 +380,29 @@ def test_bad_ring_settings_warn_once_and_fall_back(tmp_path):
         assert r.stderr.count(f"invalid value {var}={value};") == 1, r.stderr
     # no ring: plain level 10 dumps every call
     assert dumped_indices(tmp_path / "dumps") == [0, 1]
+
+
+def test_dumps_shows_the_trigger_and_marks_the_triggering_call(tmp_path):
+    from click.testing import CliRunner
+
+    from flashinfer_native.cli import cli
+
+    body = (
+        STEPS.format(n=3, nan_at=-1)
+        + """
+try:
+    h.fail(torch.zeros(1))
+except ValueError:
+    pass
+"""
+    )
+    run_child(tmp_path, body, FLASHINFER_DUMP_RING=2, FLASHINFER_DUMP_ON="exception")
+    root = tmp_path / "dumps"
+    failing = os.path.basename(dumpdir.ordered_dumps(root)[-1][0])
+    out = CliRunner().invoke(cli, ["dumps", "--dir", str(root)]).output
+    pid = dumpdir.ordered_dumps(root)[-1][1][0]["process_id"]
+    assert f"  exception at {failing} (pid {pid}): 2 calls written\n" in out
+    assert f"  {failing}: ValueError: refused (1,)  <- trigger: exception\n" in out
+    summary = json.loads(CliRunner().invoke(cli, ["dumps", "--dir", str(root), "--json"]).output)
+    assert [(t["trigger"], t["dir"]) for t in summary["triggers"]] == [("exception", failing)]
+    assert summary["calls"] == 2
