@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ptzip.h"
+
 /* A slot is only read by the writer while READY; whoever changes it makes it BUSY first. */
 enum { SLOT_EMPTY, SLOT_BUSY, SLOT_READY };
 
@@ -341,6 +343,9 @@ static int write_slot(const fi_ring *r, const slot *s, int session_fd)
     for (int i = 0; i < 2; i++) {
         if (images[i]->len == 0)
             continue;
+        if (images[i]->crc_deferred &&
+            fi_ptzip_fill_crcs((uint8_t *)images[i]->data, images[i]->len) < 0)
+            return -1;
         if (join3(name, stems[i], r->ext, "") < 0 ||
             write_whole(s->dir, name, images[i]->data, images[i]->len) < 0)
             return -1;

@@ -34,6 +34,7 @@ typedef struct {
     size_t stage_len, stage_cap;
     char *mem;
     size_t mem_cap;
+    int defer_crc; /* .pt tensor records get CRC 0, filled in later (fi_ptzip_fill_crcs) */
 } fi_out;
 
 int fi_out_write(fi_out *o, const void *p, size_t n);

@@ -239,13 +239,14 @@ Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img)
     int err = ENOMEM;
     if (img->data) {
         /* the GIL stays held: the flight recorder's ring (the caller) relies on it */
-        fi_out o = {.fd = -1, .mem = img->data, .mem_cap = img->cap};
+        fi_out o = {.fd = -1, .mem = img->data, .mem_cap = img->cap, .defer_crc = 1};
         if (format == FI_FORMAT_SAFETENSORS)
             fi_safetensors_write(&o, ts, n, header.data, header.len);
         else
             fi_ptzip_write(&o, ts, n, header.data, header.len);
         err = o.err;
         img->len = err ? 0 : (size_t)o.pos;
+        img->crc_deferred = format == FI_FORMAT_TORCH;
     }
     fi_buf_free(&header);
     free_saved(ts, n);

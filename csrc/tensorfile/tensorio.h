@@ -17,11 +17,13 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format);
 typedef struct {
     char *data;
     size_t len, cap;
+    int crc_deferred; /* a .pt image whose CRCs fi_ptzip_fill_crcs fills in */
 } fi_image;
 
 /* Builds the file fi_save_tensor_dict would write for dict into img, reusing its buffer
- * when it is large enough (the flight recorder's copies taken at call time). Returns the
- * bytes, or -1 with an exception set. fi_image_free releases the buffer. */
+ * when it is large enough (the flight recorder's copies taken at call time). A .pt
+ * image's tensor CRCs are left for fi_ptzip_fill_crcs (most images are never written).
+ * Returns the bytes, or -1 with an exception set. fi_image_free releases the buffer. */
 Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img);
 void fi_image_free(fi_image *img);
 
