@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 
 import torch
 
@@ -67,7 +68,8 @@ def assert_whole_dumps(root):
         assert records, path
         for name in os.listdir(path):
             assert not name.endswith(".tmp"), (path, name)
-            if name.endswith(".pt"):
+            if name.endswith(".pt"):  # CRCs filled in at write-out: zipfile checks them
+                assert zipfile.ZipFile(os.path.join(path, name)).testzip() is None
                 torch.load(os.path.join(path, name))
 
 
@@ -102,6 +104,7 @@ def test_in_place_mutation_each_record_holds_its_call_values(tmp_path):
         tmp_path, STEPS.format(n=40, nan_at=-1), FLASHINFER_DUMP_RING=8, FLASHINFER_DUMP_ON="exit"
     )
     root = tmp_path / "dumps"
+    assert_whole_dumps(root)
     dumps = dumpdir.ordered_dumps(root)
     assert dumped_indices(root) == list(range(32, 40))
     for i, (path, _) in zip(range(32, 40), dumps):
