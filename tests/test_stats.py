@@ -317,6 +317,15 @@ def test_negative_view_of_conjugate_reports_negated_values():
     }
 
 
+def test_negative_view_of_zeros_has_torch_signed_zeros():
+    # torch: min and max of the negated zeros are -0.0, their mean is +0.0
+    imag = torch.zeros(4, dtype=torch.complex64).conj().imag
+    stats = _C.tensor_stats(imag)
+    assert math.copysign(1.0, stats["mean"]) == 1.0
+    assert math.copysign(1.0, stats["min"]) == math.copysign(1.0, imag.min().item())
+    assert math.copysign(1.0, stats["max"]) == math.copysign(1.0, imag.max().item())
+
+
 @pytest.mark.parametrize(
     "t",
     [

@@ -192,7 +192,7 @@ static int apply_neg_bit(PyObject *tensor, fi_stats *out)
     double lo = out->min;
     out->min = -out->max;
     out->max = -lo;
-    out->mean = -out->mean;
+    out->mean = 0.0 - out->mean; /* a zero mean stays +0, as torch's sum starts from +0 */
     return 0;
 }
 
