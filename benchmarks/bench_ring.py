@@ -115,12 +115,19 @@ def main():
         )
 
     rows = {}
-    print(f"big call: 2 x {args.mb} MB float32 in, {args.mb} MB out (recorded bytes "
-          f"{3 * args.mb} MB); cost over level 5, best / median of {args.repeats}")
+    print(
+        f"big call: 2 x {args.mb} MB float32 in, {args.mb} MB out (recorded bytes "
+        f"{3 * args.mb} MB); cost over level 5, best / median of {args.repeats}"
+    )
     for name in list(MODES)[1:]:
         b, m = cost(res[name]["big"], "big")
         sb, sm = cost(res[name]["small"], "small")
-        rows[name] = {"big_s": b, "big_median_s": m, "small_us": sb * 1e6, "small_median_us": sm * 1e6}
+        rows[name] = {
+            "big_s": b,
+            "big_median_s": m,
+            "small_us": sb * 1e6,
+            "small_median_us": sm * 1e6,
+        }
     mc, wr = min(memcpy), min(write)
     for name, r in rows.items():
         print(
@@ -131,8 +138,10 @@ def main():
     print(f"  {'memcpy':16s} {mc * 1e3:8.2f} ms ({statistics.median(memcpy) * 1e3:8.2f})")
     print(f"  {'raw write(2)':16s} {wr * 1e3:8.2f} ms ({statistics.median(write) * 1e3:8.2f})")
     ring, plain = rows["in-memory ring"]["big_s"], rows["plain level 10"]["big_s"]
-    print(f"in-memory ring / memcpy: {ring / mc:.2f} (target <= 1.2); "
-          f"plain level 10 / in-memory ring: {plain / ring:.1f} (target >= 3)")
+    print(
+        f"in-memory ring / memcpy: {ring / mc:.2f} (target <= 1.2); "
+        f"plain level 10 / in-memory ring: {plain / ring:.1f} (target >= 3)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "memcpy_s": memcpy, "write_s": write, "raw": res}, f, indent=1)
