@@ -11,7 +11,7 @@ ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-
 PYTEST_ARGS ?=
 BUILD_FLAGS ?=
 C_SOURCES := $(wildcard csrc/*/*.c csrc/*/*.h kernels/include/*.h kernels/cpu/*.c kernels/cpu/*.h \
-	kernels/cuda/*.cu kernels/cuda/*.cuh)
+	kernels/cuda/*.cu kernels/cuda/*.cuh tests/fuzz/*.c tests/fuzz/*.h)
 PY_SOURCES := flashinfer flashinfer_native native/*.py tests benchmarks examples tools setup.py
 
 # The real FlashInfer (flashinfer-python, ~2 GB with its dependencies) in a virtualenv of
@@ -25,7 +25,8 @@ FI_VERSION := 0.7.2.post1
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
 	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
-.PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test clean
+.PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test fuzz \
+	fuzz-tools clean
 
 all: build
 
@@ -91,6 +92,75 @@ asan-test: venv
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); \
+		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
+
+# Coverage-guided fuzzing, FUZZ_S seconds per target (tests/fuzz/README.md). The C readers
+# (json, pickle, pt, safetensors) are libFuzzer targets built with clang and
+# -fsanitize=fuzzer,address,undefined over an embedded interpreter (no torch); the
+# dump-tree reader is an atheris target over the extension built with ASan/UBSan. Each
+# target first replays its seed corpus and past crashes (tests/fuzz/{corpus,regressions}).
+FUZZ_S ?= 60
+FUZZ_TARGETS := json pickle pt safetensors
+FUZZ_DIR := build/fuzz
+FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined -Icsrc/tensorfile -Ikernels/include
+FUZZ_OBJS := $(patsubst csrc/tensorfile/%.c,$(FUZZ_DIR)/obj/%.o,$(wildcard csrc/tensorfile/*.c))
+FUZZ_DICT_json := tests/fuzz/json.dict
+FUZZ_DICT_safetensors := tests/fuzz/json.dict
+FUZZ_DICT_pickle := tests/fuzz/pickle.dict
+FUZZ_DICT_pt := tests/fuzz/pt.dict
+PY_INCLUDE = $(shell $(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+PY_EMBED = $(shell $(VPY) -c 'import sysconfig as s; d, v = s.get_config_var("LIBDIR"), \
+	s.get_config_var("LDVERSION"); print(f"-L{d} -Wl,-rpath,{d} -lpython{v} -ldl -lm")')
+# $(call fuzz_run,NAME,COMMAND): fuzz target NAME for FUZZ_S seconds from its seed corpus
+# and past crashes (read first, so a regression fails at once); prints the log's tail.
+define fuzz_run
+	$(2) -max_total_time=$(FUZZ_S) -print_final_stats=1 -timeout=30 -rss_limit_mb=4096 \
+		-artifact_prefix=$(FUZZ_DIR)/crashes/$(1)- $(FUZZ_DIR)/corpus/$(1) tests/fuzz/corpus/$(1) \
+		$(wildcard tests/fuzz/regressions/$(1)) > $(FUZZ_DIR)/$(1).log 2>&1; \
+		status=$$?; grep -Ev '(NEW|REDUCE) +cov|Uses: ' $(FUZZ_DIR)/$(1).log | tail -n 25; (exit $$status)
+endef
+
+fuzz: fuzz-tools $(addprefix fuzz-run-,$(FUZZ_TARGETS)) fuzz-run-dumptree
+	@echo "== fuzzing summary ($(FUZZ_S) s per target; logs in $(FUZZ_DIR)/*.log)"
+	@for t in $(FUZZ_TARGETS) dumptree; do \
+		printf '%-12s %s edges of %s, %s execs/s\n' "$$t" \
+			"$$(grep -o 'cov: [0-9]*' $(FUZZ_DIR)/$$t.log | tail -1 | cut -d' ' -f2)" \
+			"$$(grep -o '[0-9]* inline 8-bit counters' $(FUZZ_DIR)/$$t.log | tail -1 | cut -d' ' -f1)" \
+			"$$(grep -o 'average_exec_per_sec: *[0-9]*' $(FUZZ_DIR)/$$t.log | tr -dc 0-9)"; \
+	done
+
+# clang with its libFuzzer runtime: installed from the system's packages when missing
+# (Debian/Ubuntu: clang + libclang-rt-dev; as root, or through sudo).
+fuzz-tools: venv
+	@echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' \
+		| clang -x c -fsanitize=fuzzer -o /dev/null - 2>/dev/null || { \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
+	$(PIP) install atheris==3.0.0
+	mkdir -p $(FUZZ_DIR)/obj $(FUZZ_DIR)/crashes $(addprefix $(FUZZ_DIR)/corpus/,$(FUZZ_TARGETS) dumptree)
+
+$(FUZZ_DIR)/obj/%.o: csrc/tensorfile/%.c csrc/tensorfile/*.h | fuzz-tools
+	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJS)
+	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) $< $(FUZZ_OBJS) $(PY_EMBED) -o $@
+
+.PRECIOUS: $(FUZZ_DIR)/obj/%.o $(FUZZ_DIR)/fuzz_%
+
+fuzz-run-%: $(FUZZ_DIR)/fuzz_%
+	$(call fuzz_run,$*,$(FUZZ_DIR)/fuzz_$* -dict=$(FUZZ_DICT_$*))
+
+# The extension in place, built by clang with ASan/UBSan and libFuzzer's coverage hooks,
+# under atheris's ASan + libFuzzer runtime; the normal build is restored afterwards.
+fuzz-run-dumptree: fuzz-tools
+	CC=clang LDSHARED="clang -shared" FLASHINFER_NO_CUDA=1 \
+		FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-missing-field-initializers" \
+		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
+		$(VPY) setup.py -q build_ext --inplace --build-temp $(FUZZ_DIR)/ext --force
+	$(call fuzz_run,dumptree,LD_PRELOAD="$$($(VPY) -c 'import atheris; print(atheris.path())')/asan_with_fuzzer.so" \
+		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		$(VPY) tests/fuzz/fuzz_dumptree.py); \
 		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
 
 clean:

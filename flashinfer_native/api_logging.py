@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from . import _C, distributed, replay
+from . import _C, distributed, registry, replay
 from .dumpdir import load_tensors
 
 __all__ = ["install"]
@@ -139,7 +139,9 @@ def _make_decorator(logger, attach_trace=None):
             At level 0, ``func`` itself. Above 0, a native wrapper that logs each call and
             otherwise behaves like ``func`` (same result, same exceptions, same name,
             docstring, ``__wrapped__`` and signature; binds as a method). What
-            ``attach_trace`` returns for it, when ``install`` was given one.
+            ``attach_trace`` returns for it, when ``install`` was given one. At every
+            level the result is registered as a replayable API
+            (``flashinfer_native.registry``): replay calls nothing else.
 
         Raises
         ------
@@ -150,6 +152,7 @@ def _make_decorator(logger, attach_trace=None):
             return functools.partial(flashinfer_api, trace=trace)
         if isinstance(func, (staticmethod, classmethod)):
             if level == 0:
+                registry.register(func.__func__, func.__func__)
                 return func
             return type(func)(flashinfer_api(func.__func__, trace=trace))
         if not callable(func):
@@ -157,6 +160,7 @@ def _make_decorator(logger, attach_trace=None):
         decorated = func if level == 0 else wrap(func)
         if attach_trace is not None:
             decorated = attach_trace(decorated, func, trace)
+        registry.register(func, decorated)  # replay calls only registered APIs (SPEC 5.1a)
         return decorated
 
     return flashinfer_api

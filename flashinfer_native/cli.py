@@ -15,7 +15,7 @@ from collections import Counter
 import click
 import torch
 
-from . import __version__, dumpdir, hook
+from . import __version__, dumpdir, hook, registry
 from . import replay as _replay
 
 _MARKS = {
@@ -50,6 +50,15 @@ def _device_option(ctx, param, value):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise click.BadParameter(f"{value!r}: CUDA is not available on this machine")
     return device
+
+
+def _allow_module_option(ctx, param, value):
+    """The patterns, once their modules imported: a typo is a usage error, not N refusals."""
+    try:
+        registry.import_allowed(value)
+    except (ImportError, TypeError) as exc:
+        raise click.BadParameter(str(exc)) from None
+    return list(value)
 
 
 def _first_line(text):
@@ -120,6 +129,16 @@ def _report_entry(index, result, status):
     default=None,
     help="Write a machine-readable report to this file.",
 )
+@click.option(
+    "--allow-module",
+    "allow_modules",
+    metavar="PATTERN",
+    multiple=True,
+    callback=_allow_module_option,
+    help="Also replay @flashinfer_api functions of modules matching PATTERN (fnmatch; "
+    "a name includes its submodules; imported before replaying). Repeatable. Only "
+    "flashinfer is allowed by default: dumps are untrusted input.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
 @click.option(
     "--per-rank",
@@ -127,12 +146,17 @@ def _report_entry(index, result, status):
     help="Under torchrun: each rank replays the calls recorded by the process of its rank "
     "(on cuda:LOCAL_RANK, or the CPU); rank 0 prints one merged summary.",
 )
-def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose, per_rank):
+def replay(
+    dump_dir, device, include, exclude, rtol, atol, json_path, allow_modules, verbose, per_rank
+):
     """Replay recorded API calls and compare them with their recorded outputs.
 
-    Exit status: 0 when every call passed, 1 when any call failed, mismatched or was
-    incomplete (or none was found), 2 for bad arguments or a missing directory. With
-    --per-rank every rank exits 1 when any rank had a failure.
+    Only registered @flashinfer_api functions and classes of allowed modules are
+    called (flashinfer, plus --allow-module); a dump naming anything else is refused.
+
+    Exit status: 0 when every call passed, 1 when any call failed, mismatched, was
+    refused or incomplete (or none was found), 2 for bad arguments or a missing
+    directory. With --per-rank every rank exits 1 when any rank had a failure.
     """
     single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
     if single:
@@ -144,12 +168,16 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose, p
     else:
         entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
     if per_rank:
-        _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose)
+        _replay_per_rank(
+            dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow_modules
+        )
         return
     device = _replay._resolve_device(device)
     header = "single dump" if single else "session"
     click.echo(f"Replaying {header} from {dump_dir}...")
-    counts, report = _replay_entries(entries, device, rtol, atol, verbose, click.echo)
+    counts, report = _replay_entries(
+        entries, device, rtol, atol, verbose, click.echo, allow_modules
+    )
     if not entries:
         click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
     click.echo(_summary_line(counts))
@@ -161,17 +189,18 @@ def replay(dump_dir, device, include, exclude, rtol, atol, json_path, verbose, p
     sys.exit(0 if entries and counts["passed"] == len(entries) else 1)
 
 
-def _replay_entries(entries, device, rtol, atol, verbose, echo):
-    """Replay ``entries`` in order with one object registry; ``echo`` takes each output
-    line. Returns (Counter of outcomes, list of report entries)."""
+def _replay_entries(entries, device, rtol, atol, verbose, echo, allow_modules):
+    """Replay ``entries`` in order with one object registry, calling only APIs of allowed
+    modules; ``echo`` takes each output line. Returns (Counter of outcomes, list of
+    report entries)."""
     tty = echo is click.echo and _stdout_is_terminal()
-    registry = {}
+    objects = {}
     counts = Counter()
     report = []
     for index, (path, records) in enumerate(entries, 1):
         if tty:
             click.echo(f"  replaying {index}/{len(entries)} {os.path.basename(path)}...", nl=False)
-        result = _replay.replay_entry(path, records, registry, device, rtol, atol)
+        result = _replay.replay_entry(path, records, objects, device, rtol, atol, allow_modules)
         if tty:
             click.echo("\r\x1b[K", nl=False)
         status = _replay.classify(result)
@@ -213,7 +242,9 @@ def _json_report(dump_dir, single, device, rtol, atol, total, counts, report):
     }
 
 
-def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose):
+def _replay_per_rank(
+    dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow_modules
+):
     """``replay --per-rank``: this rank's calls, then one merged summary from rank 0."""
     from .distributed import RankSession
 
@@ -224,7 +255,9 @@ def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, v
     try:
         mine, problems = session.mine(entries)
         lines = []
-        counts, report = _replay_entries(mine, session.device, rtol, atol, verbose, lines.append)
+        counts, report = _replay_entries(
+            mine, session.device, rtol, atol, verbose, lines.append, allow_modules
+        )
         outcomes = session.gather((str(session.device), len(mine), lines, counts, report))
     finally:
         session.close()
@@ -275,8 +308,14 @@ def _write_json(path, data):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def dumps(dump_dir, as_json):
     """Summarise a recorded session: calls per API, completed, exception and crashed calls,
-    and the flight recorder's triggers (the triggering call is marked)."""
-    s = dumpdir.summarize_session(dump_dir)
+    and the flight recorder's triggers (the triggering call is marked).
+
+    Exit status 1 when the session cannot be read (a one-line error says why).
+    """
+    try:
+        s = dumpdir.summarize_session(dump_dir)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
@@ -288,6 +327,13 @@ def dumps(dump_dir, as_json):
     click.echo(f"Tensor bytes recorded: {s['recorded_bytes']}, on disk: {s['disk_bytes']}")
     if s["unreadable_records"]:
         click.echo(f"Unreadable records skipped: {s['unreadable_records']}")
+    if s["oversized_lines"]:
+        lines = ", ".join(map(str, s["oversized_lines"][:5]))
+        more = ", ..." if len(s["oversized_lines"]) > 5 else ""
+        click.echo(
+            f"Lines longer than {dumpdir.size_text(dumpdir.MAX_LINE_BYTES)} skipped unread: "
+            f"{len(s['oversized_lines'])} (line {lines}{more})"
+        )
     fired = {}
     if s["triggers"]:
         click.echo("Flight recorder triggers:")

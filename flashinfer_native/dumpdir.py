@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections import Counter
 
 import torch
@@ -16,12 +17,20 @@ import torch
 from . import _C
 
 __all__ = [
+    "MAX_DEPTH",
+    "MAX_LINE_BYTES",
+    "MAX_METADATA_BYTES",
     "METADATA_FILE",
+    "bounded_lines",
     "find_dump_dirs",
     "load_tensor_file",
     "load_tensors",
+    "open_regular",
     "ordered_dumps",
+    "parse_record",
     "read_metadata",
+    "record_type_problem",
+    "size_text",
     "summarize_session",
     "tensor_file",
 ]
@@ -33,9 +42,164 @@ _DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
 
 # --------------------------------------------------------------------- records
 
+# Bounds on what a reader takes from a dump: a record is a few KB, a metadata file holds
+# two lines plus one per CUDA-graph flush. Longer lines and larger files are refused.
+MAX_LINE_BYTES = 16 << 20
+MAX_METADATA_BYTES = 64 << 20
+# Records nest far less; the bound keeps every later walk over a record (decoding,
+# printing, comparing) clear of Python's recursion limit.
+MAX_DEPTH = 100
+
+# Record fields replay and the summaries use, with the JSON types they must have (null
+# counts as absent). Anything else in a record is carried, never interpreted.
+_FIELD_TYPES = {
+    "function_name": (str,),
+    "module": (str,),
+    "execution_status": (str,),
+    "tensor_format": (str,),
+    "dump_dir": (str,),
+    "input_metadata": (dict,),
+    "output_metadata": (dict,),
+    "tensor_info": (dict,),
+    "exception": (dict,),
+    "process_id": (int, str),
+    "self_id": (int, str),
+}
+_KEY_LISTS = ("input_tensor_keys", "output_tensor_keys")
+_JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _json_type(value):
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return _JSON_TYPE.get(type(value), type(value).__name__)
+
+
+def _not_regular(path, mode):
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), f"mode {mode:o}")
+    return ValueError(f"{path}: not a regular file ({kind})")
+
+
+def open_regular(path):
+    """Open ``path`` for reading in binary mode, refusing anything but a regular file.
+
+    A FIFO, device or socket in a dump would block a reader forever or have side effects
+    when opened, so the type is checked before opening and again on the open file (the
+    open itself is non-blocking, in case the path changed in between).
+
+    Raises
+    ------
+    FileNotFoundError, OSError
+        The file is missing or unreadable.
+    ValueError
+        It is not a regular file.
+    """
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def bounded_lines(f, limit=None):
+    """Yield ``(line_number, line)`` from binary file ``f``, never holding more than
+    ``limit`` (default :data:`MAX_LINE_BYTES`) bytes of one line: a longer line is
+    skipped and yielded as ``None``."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    lineno = 0
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield lineno, line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+        yield lineno, None
+
+
+def parse_record(line):
+    """One JSONL line as a dict nested at most :data:`MAX_DEPTH` deep; ValueError
+    describing the problem otherwise."""
+    try:
+        # Records are UTF-8: decoding here keeps json from guessing UTF-16/32 from the
+        # bytes (and importing a codec on a dump's say-so).
+        record = json.loads(line.decode("utf-8"))
+    except RecursionError:
+        record = None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"is not valid JSON ({exc})") from None
+    if record is None or _nested_deeper_than(record, MAX_DEPTH):
+        raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
+    if not isinstance(record, dict):
+        raise ValueError(f"is a JSON {_json_type(record)}, expected an object")
+    return record
+
+
+def _nested_deeper_than(value, limit):
+    """Iteratively (no recursion): whether lists/dicts in ``value`` nest beyond ``limit``."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def record_type_problem(record):
+    """The first field of ``record`` whose JSON type replay cannot use, described; or None."""
+    for field, types in _FIELD_TYPES.items():
+        value = record.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            expected = " or ".join(_JSON_TYPE[t] for t in types)
+            return f"field {field!r} is a JSON {_json_type(value)} ({_brief(value)}), expected {expected}"
+    info = record.get("tensor_info") or {}
+    for field in _KEY_LISTS:
+        keys = info.get(field)
+        if keys is not None and (
+            not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)
+        ):
+            return f"field 'tensor_info.{field}' is not a JSON array of strings"
+    return None
+
+
+def _brief(value):
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
 
 def read_metadata(dump_dir):
     """Read every record of ``DUMP_DIR/metadata.jsonl``.
+
+    The file is read with bounds (:data:`MAX_METADATA_BYTES` in all,
+    :data:`MAX_LINE_BYTES` per line), must be a regular file, and each record's fields
+    that replay uses must have their JSON types (``function_name`` a string, ...).
 
     Parameters
     ----------
@@ -52,35 +216,50 @@ def read_metadata(dump_dir):
     FileNotFoundError
         The directory or its metadata file does not exist.
     ValueError
-        The file is empty, or a line is not a JSON object.
+        The file is empty, too large, not a regular file, or a line is not a JSON
+        object with fields of the right types; the message names the file and line.
     """
     dump_dir = os.fspath(dump_dir)
     if not os.path.isdir(dump_dir):
         raise FileNotFoundError(f"dump directory not found: {dump_dir}")
     path = os.path.join(dump_dir, METADATA_FILE)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        f = open_regular(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: metadata file is missing") from None
     except OSError as exc:
         raise OSError(f"{path}: cannot read metadata file ({exc.strerror})") from None
     records = []
-    for lineno, line in enumerate(raw.split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: line {lineno} is not valid JSON ({exc})") from None
-        if not isinstance(record, dict):
-            raise ValueError(
-                f"{path}: line {lineno} is a JSON {type(record).__name__}, expected an object"
-            )
-        records.append(record)
+    total = 0
+    with f:
+        for lineno, line in bounded_lines(f):
+            if line is None:
+                raise ValueError(
+                    f"{path}: line {lineno} is longer than {size_text(MAX_LINE_BYTES)}"
+                )
+            total += len(line)
+            if total > MAX_METADATA_BYTES:
+                raise ValueError(
+                    f"{path}: metadata file is larger than {size_text(MAX_METADATA_BYTES)}"
+                )
+            if not line.strip():
+                continue
+            try:
+                record = parse_record(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}: line {lineno} {exc}") from None
+            problem = record_type_problem(record)
+            if problem:
+                raise ValueError(f"{path}: line {lineno}: {problem}")
+            records.append(record)
     if not records:
         raise ValueError(f"{path}: metadata file is empty (no JSON records)")
     return records
+
+
+def size_text(n):
+    """``16 MiB`` for whole mebibytes, else ``N bytes``: the bounds as messages name them."""
+    return f"{n >> 20} MiB" if n and n % (1 << 20) == 0 else f"{n} bytes"
 
 
 # ---------------------------------------------------------------- tensor files
@@ -135,13 +314,14 @@ def load_tensor_file(path):
 
 
 def tensor_file(dump_dir, stem, record):
-    """Path of the inputs/outputs file, preferring the recorded ``tensor_format``; None if absent."""
+    """Path of the inputs/outputs file, preferring the recorded ``tensor_format``; None if
+    absent. Whatever is there is returned (the reader refuses what is not a regular file)."""
     order = [".pt", ".safetensors"]
     if record.get("tensor_format") == "safetensors":
         order.reverse()
     for ext in order:
         path = os.path.join(dump_dir, stem + ext)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
             return path
     return None
 
@@ -240,32 +420,39 @@ def ordered_dumps(root_dir, include=None, exclude=None):
 
 
 def _session_records(root):
-    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing)."""
+    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing).
+
+    Returns ``(records, unreadable, oversized, source)``: lines that are not JSON objects
+    are counted in ``unreadable``, lines longer than :data:`MAX_LINE_BYTES` are skipped
+    unread and their numbers listed in ``oversized``.
+    """
     path = os.path.join(root, SESSION_FILE)
     bad = 0
     records = []
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    bad += 1
-                    continue
-                if isinstance(record, dict):
-                    records.append(record)
-                else:
-                    bad += 1
-        return records, bad, path
+    oversized = []
+    if os.path.lexists(path):
+        with open_regular(path) as f:
+            for lineno, line in bounded_lines(f):
+                if line is None:
+                    oversized.append(lineno)
+                elif line.strip():
+                    try:
+                        record = parse_record(line)
+                    except ValueError:
+                        bad += 1
+                        continue
+                    if record_type_problem(record):
+                        bad += 1
+                    else:
+                        records.append(record)
+        return records, bad, oversized, path
     for dump in find_dump_dirs(root):
         try:
             for record in read_metadata(dump):
                 records.append(dict(record, dump_dir=record.get("dump_dir", dump)))
         except (OSError, ValueError):
             bad += 1
-    return records, bad, None
+    return records, bad, oversized, None
 
 
 def _dir_bytes(path):
@@ -282,14 +469,14 @@ def _dir_bytes(path):
 def _as_int(value):
     try:
         return int(value or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
 def summarize_session(root):
     """Summary of a dump root: calls per API, completed/exception/incomplete dumps, and
     the flight recorder's triggers (``triggers``: what fired and the triggering call)."""
-    records, bad, source = _session_records(root)
+    records, bad, oversized, source = _session_records(root)
     last = {}
     triggers = []
     for record in records:
@@ -328,6 +515,7 @@ def summarize_session(root):
         "recorded_bytes": recorded,
         "disk_bytes": _dir_bytes(root),
         "unreadable_records": bad,
+        "oversized_lines": oversized,
         "triggers": triggers,
     }
 

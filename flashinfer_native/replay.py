@@ -6,7 +6,6 @@ with the recording. Level-10 dumping is suspended process-wide while a replay ru
 """
 
 import contextlib
-import importlib
 import math
 import os
 import re
@@ -14,7 +13,7 @@ import traceback
 
 import torch
 
-from . import _C
+from . import _C, registry
 from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
 
 __all__ = ["replay_from_dump", "replay_sequence", "suspended_dumps"]
@@ -60,87 +59,142 @@ def _load_tensors(dump_dir, stem, record, key_list_name, device):
 
 # ------------------------------------------------------------------------ decoding
 
+# Highest arg_{i} / result_{i} index accepted: the list of positions is built densely.
+_MAX_INDEX = 4096
+_INDEXED_KEY = re.compile(r"(arg|result)_([0-9]{1,9})")
+_DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
-def _decode(value, key, tensors, device, where):
-    """Turn one SPEC 4.3 JSON-encoded value back into a Python object.
 
-    Encodings of objects that cannot be rebuilt (``{"type", "repr"}``, e.g. the ``self``
-    placeholder) are returned unchanged, as FlashInfer's replay does.
-    """
-    if isinstance(value, list):
-        return [_decode(v, key, tensors, device, where) for v in value]
-    if not isinstance(value, dict) or "type" not in value:
+class _Decoder:
+    """Turns SPEC 4.3 JSON-encoded values back into objects, never importing or calling
+    anything a dump names: dtypes come from a fixed table, enums from
+    :func:`registry.resolve_enum`, devices from ``torch.device(str)``."""
+
+    def __init__(self, tensors, device, where, patterns):
+        self.tensors = tensors
+        self.device = device
+        self.where = where
+        self.patterns = patterns
+
+    def error(self, field, problem):
+        return ValueError(f"{self.where}: {field}: {problem}")
+
+    def decode(self, value, field):
+        """Encodings of objects that cannot be rebuilt (``{"type", "repr"}``, e.g. the
+        ``self`` placeholder) are returned unchanged, as FlashInfer's replay does. The
+        recursion is bounded by ``dumpdir.MAX_DEPTH``, checked when records are read."""
+        if isinstance(value, list):
+            return [self.decode(v, f"{field}[{i}]") for i, v in enumerate(value)]
+        if not isinstance(value, dict) or "type" not in value:
+            return value
+        kind = value["type"]
+        if kind == "torch.Tensor":
+            return self.tensor(value, field)
+        if kind == "torch.dtype":
+            return self.dtype(value.get("value"), field)
+        if kind == "torch.device":
+            return self.torch_device(value.get("value"), field)
+        if kind == "enum":
+            return self.enum(value, field)
+        if kind in ("list", "tuple"):
+            items = [
+                self.decode(v, f"{field}[{i}]") for i, v in enumerate(self.items(value, field))
+            ]
+            return tuple(items) if kind == "tuple" else items
+        if kind == "dict":
+            return self.mapping(value, field)
         return value
-    kind = value["type"]
-    if kind == "torch.Tensor":
-        tensor_key = value.get("tensor_key", key)
-        if tensor_key not in tensors:
-            raise ValueError(f"{where}: tensor {tensor_key!r} is not in the tensor file")
-        return tensors[tensor_key]
-    if kind == "torch.dtype":
-        dtype = getattr(torch, str(value.get("value", "")).rsplit(".", 1)[-1], None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"{where}: {key}: unknown torch dtype {value.get('value')!r}")
+
+    def items(self, value, field):
+        items = value.get("items", [])
+        if not isinstance(items, list):
+            raise self.error(field, f"'items' is a JSON {type(items).__name__}, expected a list")
+        return items
+
+    def tensor(self, value, field):
+        tensor_key = value.get("tensor_key", field)
+        if not isinstance(tensor_key, str) or tensor_key not in self.tensors:
+            raise self.error(field, f"tensor {tensor_key!r} is not in the tensor file")
+        return self.tensors[tensor_key]
+
+    def dtype(self, text, field):
+        dtype = _DTYPES.get(f"torch.{str(text).rpartition('.')[2]}")
+        if dtype is None:
+            raise self.error(field, f"unknown torch dtype {text!r}")
         return dtype
-    if kind == "torch.device":
-        recorded = torch.device(value["value"])
+
+    def torch_device(self, text, field):
+        if not isinstance(text, str):
+            raise self.error(field, f"torch.device value {text!r} is not a string")
+        try:
+            recorded = torch.device(text)
+        except (RuntimeError, ValueError):
+            raise self.error(field, f"{text!r} is not a torch device") from None
         # A device of another kind than the replay device (cuda:0 replayed on cpu)
         # would send the replay back to hardware it does not run on.
-        return device if recorded.type != device.type else recorded
-    if kind == "enum":
-        return _decode_enum(value, key, where)
-    if kind in ("list", "tuple"):
-        items = [_decode(v, key, tensors, device, where) for v in value.get("items", [])]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "dict":
-        return {
-            _decode(item["key"], key, tensors, device, where): _decode(
-                item["value"], key, tensors, device, where
-            )
-            for item in value.get("items", [])
-        }
-    return value
+        return self.device if recorded.type != self.device.type else recorded
+
+    def enum(self, value, field):
+        cls = registry.resolve_enum(value.get("class"), self.patterns, f"{self.where}: {field}")
+        members = cls.__members__
+        member = members.get(str(value.get("name", "")).rpartition(".")[2])
+        if member is not None:
+            return member
+        for member in members.values():
+            if member.value == value.get("value"):
+                return member
+        raise self.error(field, f"{value.get('class')} has no member {value.get('name')!r}")
+
+    def mapping(self, value, field):
+        out = {}
+        for i, item in enumerate(self.items(value, field)):
+            if not isinstance(item, dict) or "key" not in item or "value" not in item:
+                raise self.error(f"{field}[{i}]", "dict item is not a {key, value} object")
+            key = self.decode(item["key"], f"{field}[{i}].key")
+            value = self.decode(item["value"], f"{field}[{i}].value")
+            try:
+                out[key] = value
+            except TypeError:
+                raise self.error(f"{field}[{i}].key", "dict key is not hashable") from None
+        return out
 
 
-def _decode_enum(value, key, where):
-    try:
-        module_name, _, qualname = value["class"].rpartition(".")
-        _, cls = _resolve_recorded(module_name, qualname, where)
-    except (ImportError, AttributeError, KeyError) as exc:
-        raise ValueError(f"{where}: {key}: cannot import enum class ({exc})") from None
-    member = str(value.get("name", "")).rsplit(".", 1)[-1]
-    try:
-        return cls[member]
-    except (KeyError, TypeError):
-        pass
-    try:
-        return cls(value.get("value"))
-    except (ValueError, TypeError):
-        raise ValueError(
-            f"{where}: {key}: {value.get('class')} has no member {value.get('name')!r}"
-        ) from None
+def _index(key, prefix):
+    """i for a ``{prefix}_{i}`` key, None for other keys; an index too large is an error."""
+    match = _INDEXED_KEY.fullmatch(key)
+    if match is None or match.group(1) != prefix:
+        return None
+    index = int(match.group(2))
+    if index >= _MAX_INDEX:
+        raise ValueError(f"{key}: position {index} is beyond the {_MAX_INDEX} accepted")
+    return index
 
 
-def _build_args(metadata, tensors, device, where):
+def _build_args(metadata, decoder):
     """Rebuild ``(args, kwargs)`` from ``input_metadata`` and the input tensors."""
     encoded = dict(metadata)
-    for key in tensors:
+    for key in decoder.tensors:
         if not _NESTED_KEY.search(key):
             encoded.setdefault(key, {"type": "torch.Tensor", "tensor_key": key})
     positional, kwargs = {}, {}
     for key, value in encoded.items():
-        if key in tensors:
+        if key in decoder.tensors:
             value = {"type": "torch.Tensor", "tensor_key": key}
-        if key.startswith("arg_") and key[4:].isdigit():
-            positional[int(key[4:])] = _decode(value, key, tensors, device, where)
+        try:
+            index = _index(key, "arg")
+        except ValueError as exc:
+            raise decoder.error("input_metadata", exc) from None
+        if index is not None:
+            positional[index] = decoder.decode(value, key)
         elif key.startswith("kwarg_"):
-            kwargs[key[6:]] = _decode(value, key, tensors, device, where)
+            kwargs[key[6:]] = decoder.decode(value, key)
     count = max(positional) + 1 if positional else 0
     return [positional.get(i) for i in range(count)], kwargs
 
 
-def _expected_result(metadata, tensors, device, where):
+def _expected_result(metadata, decoder):
     """The recorded return value, from ``output_metadata`` and the output tensors."""
+    tensors = decoder.tensors
     if "result" in tensors:
         return tensors["result"]
     marker = metadata.get("result")
@@ -148,12 +202,16 @@ def _expected_result(metadata, tensors, device, where):
     if "result" in metadata and not (
         isinstance(marker, dict) and "length" in marker and "items" not in marker
     ):
-        return _decode(marker, "result", tensors, device, where)
+        return decoder.decode(marker, "result")
     items = {}
     for key in list(metadata) + list(tensors):
-        if key.startswith("result_") and key[7:].isdigit():
+        try:
+            index = _index(key, "result")
+        except ValueError as exc:
+            raise decoder.error("output_metadata", exc) from None
+        if index is not None:
             value = {"type": "torch.Tensor", "tensor_key": key} if key in tensors else metadata[key]
-            items[int(key[7:])] = _decode(value, key, tensors, device, where)
+            items[index] = decoder.decode(value, key)
     if not items:
         return None
     return tuple(items.get(i) for i in range(max(items) + 1))
@@ -261,94 +319,41 @@ def suspended_dumps():
         _C.resume_dumps()
 
 
-def _lookup(module, dotted):
-    """module.a.b.c, or None when a part is missing."""
-    obj = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+def _prepare_call(record, args, kwargs, objects, patterns, where):
+    """Resolve the recorded function through the registry; return a no-argument callable
+    running it.
 
-
-def _resolve_recorded(module_name, name, where):
-    """The recorded ``module`` + ``name`` (``func``, ``Cls.method`` or ``Cls``): (owner, target).
-
-    FlashInfer's APIs are also its top-level names (``flashinfer.mm_fp4``, defined in
-    ``flashinfer.gemm.gemm_base``). A call recorded under one flashinfer package whose
-    module path the installed one does not have (a dump of FlashInfer replayed with the
-    flashinfer-c mirror, which implements fewer APIs in fewer modules) is looked up
-    there too, so that it runs under its real API name.
-
-    Raises
-    ------
-    ImportError
-        The module cannot be imported (and no top-level name stands in for it).
-    LookupError
-        The API is implemented by neither (for a flashinfer module: this flashinfer
-        has no implementation of it on this machine).
+    Only registered ``@flashinfer_api`` objects of allowed modules are reached (see
+    ``registry``). Methods go through the shared object registry ``objects``:
+    ``Cls.__init__`` builds and registers the object, ``Cls.method`` runs on the
+    registered one with the ``self`` placeholder (``args[0]``) dropped.
     """
-    module = error = None
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - reported below when nothing stands in
-        error = exc
-    owner_path, _, attr = name.rpartition(".")
-    found = module is not None and _lookup(module, name) is not None
-    if not found and (module_name == "flashinfer" or module_name.startswith("flashinfer.")):
-        try:
-            top = importlib.import_module("flashinfer")
-        except Exception:  # noqa: BLE001 - the recorded module's error says more
-            top = None
-        if top is not None and _lookup(top, name) is not None:
-            module, found = top, True
-        elif error is None or isinstance(error, ModuleNotFoundError):
-            version = getattr(top, "__version__", "unknown")
-            raise LookupError(
-                f"{where}: {module_name}.{name} is not implemented by the installed "
-                f"flashinfer ({version}, {getattr(top, '__file__', '?')}): "
-                "no implementation of this API on this machine"
-            ) from None
-    if module is None:
-        raise ImportError(
-            f"{where}: cannot import module {module_name!r} ({type(error).__name__}: {error})"
-        ) from None
-    if not found:
-        raise AttributeError(f"{where}: module {module_name!r} has no {name!r}")
-    owner = _lookup(module, owner_path) if owner_path else module
-    return owner, getattr(owner, attr)
-
-
-def _prepare_call(record, args, kwargs, registry, where):
-    """Resolve the recorded function by import; return a no-argument callable running it.
-
-    Methods go through the shared object registry: ``Cls.__init__`` builds and registers
-    the object, ``Cls.method`` runs on the registered one with the ``self`` placeholder
-    (``args[0]``) dropped.
-    """
-    module_name = record.get("module")
-    name = record.get("function_name")
+    module_name, name = record.get("module"), record.get("function_name")
     if not module_name or not name:
         raise ValueError(f"{where}: record has no 'module'/'function_name' to replay")
-    owner_path, _, attr = name.rpartition(".")
-    owner, target = _resolve_recorded(module_name, name, where)
-    if not owner_path or not isinstance(owner, type):
-        return lambda: target(*args, **kwargs)
+    target = registry.resolve_call(module_name, name, patterns, where)
+    if target[0] == "function":
+        function = target[1]
+        return lambda: function(*args, **kwargs)
+    _, cls, attr = target
     key = (record.get("process_id"), record.get("self_id"))
     if attr == "__init__":
 
         def construct():
-            registry[key] = owner(*args[1:], **kwargs)
+            objects[key] = cls(*args[1:], **kwargs)
 
         return construct
     if record.get("self_id") is None:
-        return lambda: target(*args, **kwargs)
-    if key not in registry:
+        function = registry.verified_method(cls, attr, patterns, module_name, name, where)
+        return lambda: function(*args, **kwargs)
+    if key not in objects:
         raise LookupError(
-            f"{where}: no {owner.__name__} object for {name} (process_id={key[0]}, "
-            f"self_id={key[1]}): its {owner.__name__}.__init__ dump was not replayed before it"
+            f"{where}: no {cls.__name__} object for {name} (process_id={key[0]}, "
+            f"self_id={key[1]}): its {cls.__name__}.__init__ dump was not replayed before it"
         )
-    method = getattr(registry[key], attr)
+    obj = objects[key]
+    # The object may be of another class than the one the record names: check its own.
+    method = registry.verified_method(type(obj), attr, patterns, module_name, name, where, obj)
     return lambda: method(*args[1:], **kwargs)
 
 
@@ -366,8 +371,13 @@ def replay_from_dump(
     object_registry=None,
     rtol=1e-3,
     atol=1e-3,
+    allow_modules=None,
 ):
     """Load one level-10 dump and optionally run it again.
+
+    A dump is untrusted input (SPEC 5.1a): loading it never imports a module or calls
+    anything it names, and running it calls only registered ``@flashinfer_api``
+    functions and classes of allowed modules (see ``flashinfer_native.registry``).
 
     Parameters
     ----------
@@ -379,12 +389,17 @@ def replay_from_dump(
     device : str or torch.device, optional
         Where tensors are loaded; ``None`` means ``"cuda"`` when available, else ``"cpu"``.
     run : bool
-        Import the recorded module and call the recorded function or method.
+        Call the recorded function or method: the registered ``@flashinfer_api`` object
+        of that name. Before resolving it, the modules the allow patterns name are
+        imported (``flashinfer`` and ``allow_modules``), never the module the dump names.
     object_registry : dict, optional
         ``{(process_id, self_id): object}`` shared between calls so that a wrapper's
         ``__init__``, ``plan`` and ``run`` replay on the same object.
     rtol, atol : float
         Tolerances of the tensor comparison.
+    allow_modules : str or list of str, optional
+        Module name patterns (fnmatch; a name also allows its submodules) whose
+        registered APIs and enums may be replayed, besides ``flashinfer``.
 
     Returns
     -------
@@ -397,46 +412,44 @@ def replay_from_dump(
 
     Raises
     ------
-    FileNotFoundError, ValueError, ImportError, AttributeError, LookupError
-        The dump cannot be read or its function resolved; the message names the file.
+    ReplayRefused
+        The dump names a function, class or enum that is not a registered API of an
+        allowed module (a ``ValueError``; the message says how to allow it).
+    FileNotFoundError, ValueError, ImportError, LookupError
+        The dump cannot be read, or an ``allow_modules`` module cannot be imported, or a
+        method's object was not built; the message names the file.
     """
     dump_dir = os.fspath(dump_dir)
     device = _resolve_device(device)
-    records = read_metadata(dump_dir)
-    record = records[-1]
+    patterns = registry.allowed_patterns(allow_modules)
+    record = read_metadata(dump_dir)[-1]
     where = os.path.join(dump_dir, METADATA_FILE)
-    for key in ("input_metadata", "output_metadata", "tensor_info"):
-        if record.get(key) is not None and not isinstance(record[key], dict):
-            raise ValueError(
-                f"{where}: {key!r} is a JSON {type(record[key]).__name__}, expected an object"
-            )
     status = record.get("execution_status")
     with suspended_dumps():
-        tensors, inputs_path = _load_tensors(
-            dump_dir, "inputs", record, "input_tensor_keys", device
-        )
-        args, kwargs = _build_args(
-            record.get("input_metadata") or {}, tensors, device, inputs_path or where
-        )
+        if run:
+            registry.import_allowed(allow_modules)
+        tensors, _ = _load_tensors(dump_dir, "inputs", record, "input_tensor_keys", device)
+        decoder = _Decoder(tensors, device, where, patterns)
+        args, kwargs = _build_args(record.get("input_metadata") or {}, decoder)
         result = {"args": args, "kwargs": kwargs, "metadata": record}
         if status == "inputs_saved":
             result["incomplete"] = True
         expected = None
         if compare_outputs:
-            out_tensors, outputs_path = _load_tensors(
+            out_tensors, _ = _load_tensors(
                 dump_dir, "outputs", record, "output_tensor_keys", device
             )
             expected_metadata = record.get("output_metadata") or {}
             result["expected_tensors"] = out_tensors
             result["expected_metadata"] = expected_metadata
             expected = _expected_result(
-                expected_metadata, out_tensors, device, outputs_path or where
+                expected_metadata, _Decoder(out_tensors, device, where, patterns)
             )
         if not run:
             return result
         if object_registry is None:
             object_registry = {}
-        call = _prepare_call(record, args, kwargs, object_registry, where)
+        call = _prepare_call(record, args, kwargs, object_registry, patterns, where)
         try:
             value = call()
         except Exception as exc:  # noqa: BLE001 - the replayed call may raise anything
@@ -481,8 +494,12 @@ def _judge(result, record, expected, rtol, atol):
 # ------------------------------------------------------------------------ sequence
 
 
-def replay_entry(path, records, registry, device=None, rtol=1e-3, atol=1e-3):
-    """Replay one dump of a sequence; never raises (failures become ``{"error"}``)."""
+def replay_entry(path, records, objects, device=None, rtol=1e-3, atol=1e-3, allow_modules=None):
+    """Replay one dump of a sequence; never raises (failures become ``{"error"}``).
+
+    ``objects`` is the object registry shared by the sequence; ``allow_modules`` as in
+    :func:`replay_from_dump`.
+    """
     last = records[-1] if records else {}
     incomplete = last.get("execution_status") == "inputs_saved"
     try:
@@ -491,9 +508,10 @@ def replay_entry(path, records, registry, device=None, rtol=1e-3, atol=1e-3):
             compare_outputs=not incomplete,
             device=device,
             run=not incomplete,
-            object_registry=registry,
+            object_registry=objects,
             rtol=rtol,
             atol=atol,
+            allow_modules=allow_modules,
         )
     except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
         result = {
@@ -505,7 +523,9 @@ def replay_entry(path, records, registry, device=None, rtol=1e-3, atol=1e-3):
     return result
 
 
-def replay_sequence(root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, exclude=None):
+def replay_sequence(
+    root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, exclude=None, allow_modules=None
+):
     """Replay every dump under ``root_dir`` in call order with one object registry.
 
     Parameters
@@ -519,19 +539,29 @@ def replay_sequence(root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, e
     include, exclude : str or list of str, optional
         fnmatch patterns (a string is split on ``,``) on the API name: include first,
         then exclude.
+    allow_modules : str or list of str, optional
+        Module patterns whose registered APIs may be replayed besides ``flashinfer``
+        (see :func:`replay_from_dump`).
 
     Returns
     -------
     list of dict
         One :func:`replay_from_dump` result per dump (run with ``compare_outputs``),
-        each with ``dump_dir``. A dump that fails gives ``{"error", "dump_dir",
-        "metadata"}`` and the run goes on. Calls whose process died (status
-        ``inputs_saved``) are loaded, not run, and marked ``incomplete``.
+        each with ``dump_dir``. A dump that fails, or names something replay refuses
+        (``ReplayRefused``), gives ``{"error", "dump_dir", "metadata"}`` and the run
+        goes on. Calls whose process died (status ``inputs_saved``) are loaded, not run,
+        and marked ``incomplete``.
+
+    Raises
+    ------
+    ImportError
+        A module named by ``allow_modules`` cannot be imported.
     """
     device = _resolve_device(device)
-    registry = {}
+    registry.import_allowed(allow_modules)
+    objects = {}
     return [
-        replay_entry(path, records, registry, device, rtol, atol)
+        replay_entry(path, records, objects, device, rtol, atol, allow_modules)
         for path, records in ordered_dumps(root_dir, include, exclude)
     ]
 

@@ -1,9 +1,11 @@
 """APIs to record and replay in tests, and a dump writer that follows SPEC 4.
 
 The functions and the wrapper class are decorated with ``flashinfer_api`` like the real
-kernel APIs, so replay resolves them by import (``module`` + ``function_name``).
-``DumpWriter`` writes level-10 dumps the way the recorder does (our format, or
-FlashInfer's: no ``sequence`` key) so replay can be tested before the C recorder lands.
+kernel APIs, so they are registered and replay can call them once told to trust this
+module (``allow_modules=["replay_helpers"]``, ``--allow-module replay_helpers``).
+``TouchOnInit`` and ``SegmentSumWrapper.touch`` are not decorated: dumps naming them
+must be refused. ``DumpWriter`` writes level-10 dumps the way the recorder does (our
+format, or FlashInfer's: no ``sequence`` key).
 """
 
 import enum
@@ -17,6 +19,7 @@ from datetime import datetime
 import torch
 
 from flashinfer.api_logging import flashinfer_api
+from flashinfer_native import _C
 
 
 class Reduction(enum.Enum):
@@ -78,6 +81,19 @@ def slow_identity(x, seconds=60.0):
     return x
 
 
+@flashinfer_api
+def dumps_suspended_now():
+    """Whether level-10 dumping is suspended while this call runs."""
+    return _C.dumps_suspended()
+
+
+class TouchOnInit:
+    """Not an API: its constructor has a side effect (creates the file ``path``)."""
+
+    def __init__(self, path):
+        open(path, "w").close()
+
+
 class SegmentSumWrapper:
     """Stateful like FlashInfer's wrappers: ``plan`` fixes segments, ``run`` uses them."""
 
@@ -102,6 +118,10 @@ class SegmentSumWrapper:
         if return_lse:
             return out, torch.logsumexp(out, dim=-1)
         return out
+
+    def touch(self, path):
+        """Not an API: a method of an API class with a side effect (creates ``path``)."""
+        open(path, "w").close()
 
 
 # ----------------------------------------------------------------------- the writer

@@ -40,12 +40,20 @@ def invoke(*args):
     return CliRunner().invoke(cli, list(args))
 
 
+# The test APIs live in module replay_helpers, which replay must be told to trust.
+ALLOW = ["--allow-module", "replay_helpers"]
+
+
+def replay(*args):
+    return invoke("replay", *ALLOW, *args)
+
+
 def names(writer):
     return [os.path.basename(d) for d in writer.dirs]
 
 
 def test_replay_session_all_passed_exits_0(session, root):
-    result = invoke("replay", "--dir", root, "--device", "cpu")
+    result = replay("--dir", root, "--device", "cpu")
     n = names(session)
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == [
@@ -60,7 +68,7 @@ def test_replay_session_all_passed_exits_0(session, root):
 
 
 def test_replay_single_dump(session):
-    result = invoke("replay", "--dir", session.dirs[0], "--device", "cpu")
+    result = replay("--dir", session.dirs[0], "--device", "cpu")
     assert result.exit_code == 0
     assert result.output.splitlines()[0] == f"Replaying single dump from {session.dirs[0]}..."
     assert result.output.splitlines()[-1] == "Summary: 1 passed, 0 failed/mismatch"
@@ -68,7 +76,7 @@ def test_replay_single_dump(session):
 
 def test_tampered_outputs_exit_1_and_name_the_call(session, root):
     torch.save({"result": torch.zeros(4)}, os.path.join(session.dirs[0], "outputs.pt"))
-    result = invoke("replay", "--dir", root, "--device", "cpu")
+    result = replay("--dir", root, "--device", "cpu")
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[1] == f"[1] scale_add ({names(session)[0]}): ❌ Mismatch"
@@ -78,7 +86,7 @@ def test_tampered_outputs_exit_1_and_name_the_call(session, root):
 
 def test_error_line_has_message_and_no_traceback(session, root):
     os.remove(os.path.join(session.dirs[0], "inputs.pt"))
-    result = invoke("replay", "--dir", root, "--device", "cpu")
+    result = replay("--dir", root, "--device", "cpu")
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert lines[1].startswith(f"[1] scale_add ({names(session)[0]}): ❌ Error: ")
@@ -89,7 +97,7 @@ def test_error_line_has_message_and_no_traceback(session, root):
 
 def test_verbose_shows_traceback(session, root):
     os.remove(os.path.join(session.dirs[2], "inputs.pt"))
-    result = invoke("replay", "--dir", root, "--device", "cpu", "--verbose")
+    result = replay("--dir", root, "--device", "cpu", "--verbose")
     assert "Traceback (most recent call last)" in result.output
 
 
@@ -97,7 +105,7 @@ def test_incomplete_call_marked_and_fails(root):
     writer = h.DumpWriter(root)
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
     writer.crash(h.scale_add, torch.ones(2), torch.ones(2))
-    result = invoke("replay", "--dir", root, "--device", "cpu")
+    result = replay("--dir", root, "--device", "cpu")
     assert result.exit_code == 1
     assert result.output.splitlines()[2] == (
         f"[2] scale_add ({names(writer)[1]}): ⚠️ Incomplete: the process ended during this "
@@ -107,8 +115,7 @@ def test_incomplete_call_marked_and_fails(root):
 
 
 def test_include_and_exclude_select_calls(session, root):
-    result = invoke(
-        "replay",
+    result = replay(
         "--dir",
         root,
         "--device",
@@ -130,7 +137,7 @@ def test_include_and_exclude_select_calls(session, root):
 def test_json_report_content(session, root, tmp_path):
     torch.save({"result": torch.zeros(4)}, os.path.join(session.dirs[0], "outputs.pt"))
     report_path = tmp_path / "report.json"
-    result = invoke("replay", "--dir", root, "--device", "cpu", "--json", str(report_path))
+    result = replay("--dir", root, "--device", "cpu", "--json", str(report_path))
     assert result.exit_code == 1
     report = json.loads(report_path.read_text())
     assert report["mode"] == "session" and report["device"] == "cpu"
@@ -150,13 +157,13 @@ def test_json_report_content(session, root, tmp_path):
 
 
 def test_empty_root_exits_1(tmp_path):
-    result = invoke("replay", "--dir", str(tmp_path), "--device", "cpu")
+    result = replay("--dir", str(tmp_path), "--device", "cpu")
     assert result.exit_code == 1
     assert "No dumps (sub-directories holding metadata.jsonl) found" in result.output
 
 
 def test_missing_directory_exits_2(tmp_path):
-    result = invoke("replay", "--dir", str(tmp_path / "absent"))
+    result = replay("--dir", str(tmp_path / "absent"))
     assert result.exit_code == 2
     assert "does not exist" in result.output
 
@@ -167,7 +174,7 @@ def test_missing_directory_exits_2(tmp_path):
     ids=["rtol", "device", "unknown-option"],
 )
 def test_bad_arguments_exit_2(session, root, args):
-    result = invoke("replay", "--dir", root, *args)
+    result = replay("--dir", root, *args)
     assert result.exit_code == 2
 
 
@@ -178,7 +185,7 @@ def test_dir_is_required(tmp_path):
 
 def test_no_colour_codes_when_not_a_terminal(session, root):
     torch.save({"result": torch.zeros(4)}, os.path.join(session.dirs[0], "outputs.pt"))
-    result = invoke("replay", "--dir", root, "--device", "cpu")
+    result = replay("--dir", root, "--device", "cpu")
     assert "\x1b[" not in result.output
 
 
@@ -186,7 +193,9 @@ def test_colour_and_progress_when_a_terminal(session, root, monkeypatch):
     import flashinfer_native.cli as main
 
     monkeypatch.setattr(main, "_stdout_is_terminal", lambda: True)
-    result = CliRunner().invoke(cli, ["replay", "--dir", root, "--device", "cpu"], color=True)
+    result = CliRunner().invoke(
+        cli, ["replay", *ALLOW, "--dir", root, "--device", "cpu"], color=True
+    )
     assert f"  replaying 1/5 {names(session)[0]}...\r\x1b[K[1] scale_add" in result.output
     assert "\x1b[32m✅ Passed\x1b[0m" in result.output
 
@@ -260,6 +269,7 @@ def test_help_texts():
         "--rtol",
         "--atol",
         "--json",
+        "--allow-module",
         "--verbose",
     ):
         assert option in replay
@@ -288,7 +298,7 @@ def test_python_m_flashinfer_exit_status(session, root, case, code):
     if case == "mismatch":
         torch.save({"result": torch.zeros(4)}, os.path.join(session.dirs[0], "outputs.pt"))
     target = root if case != "missing" else os.path.join(root, "absent")
-    proc = _python_m("replay", "--dir", target, "--device", "cpu")
+    proc = _python_m("replay", *ALLOW, "--dir", target, "--device", "cpu")
     assert proc.returncode == code, proc.stdout + proc.stderr
     if code != 2:
         assert proc.stdout.splitlines()[0] == f"Replaying session from {root}..."

@@ -15,6 +15,8 @@ import torch
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
+# The recorded API lives in module rank_ops, which replay must be told to trust.
+REPLAY = ["-m", "flashinfer", "replay", "--allow-module", "rank_ops"]
 
 
 def torchrun(args, cwd, **env_extra):
@@ -58,7 +60,7 @@ def test_records_carry_rank_world_size_and_backend(session):
 
 
 def test_per_rank_replay_passes_with_one_merged_summary(session, tmp_path):
-    proc = torchrun(["-m", "flashinfer", "replay", "--dir", str(session), "--per-rank"], tmp_path)
+    proc = torchrun([*REPLAY, "--dir", str(session), "--per-rank"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines.count("Rank 0 (cpu): 2 calls") == 1
@@ -73,7 +75,7 @@ def test_per_rank_replay_fails_every_rank_when_one_rank_mismatches(session, tmp_
     path, _ = records_by_rank(broken)[1][0]
     outputs = os.path.join(os.path.dirname(path), "outputs.pt")
     torch.save({"result": torch.zeros(4)}, outputs)
-    proc = torchrun(["-m", "flashinfer", "replay", "--dir", str(broken), "--per-rank"], tmp_path)
+    proc = torchrun([*REPLAY, "--dir", str(broken), "--per-rank"], tmp_path)
     assert proc.returncode != 0
     assert "Summary: 3 passed, 1 failed/mismatch (2 ranks)" in proc.stdout
     assert proc.stdout.count("❌ Mismatch") == 1

@@ -16,6 +16,8 @@ from flashinfer.api_logging import replay_from_dump, replay_sequence
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
+# The recorded APIs live in module replay_helpers, which replay must be told to trust.
+ALLOW = ["replay_helpers"]
 
 
 def record(tmp_path, body, **env_extra):
@@ -57,7 +59,7 @@ def test_recorded_session_replays_in_order_and_passes(tmp_path, fmt):
         FLASHINFER_DUMP_SAFETENSORS=fmt,
     )
     before = tree(root)
-    results = replay_sequence(str(root), device="cpu")
+    results = replay_sequence(str(root), device="cpu", allow_modules=ALLOW)
     assert len(results) == 200
     assert all(r.get("comparison_match") for r in results), [r.get("error") for r in results]
     seqs = [r["metadata"]["sequence"] for r in results]
@@ -79,7 +81,7 @@ def test_wrapper_used_twice_with_different_plans_replays(tmp_path):
         w.run(x, return_lse=True)
         """,
     )
-    results = replay_sequence(str(root), device="cpu")
+    results = replay_sequence(str(root), device="cpu", allow_modules=ALLOW)
     names = [r["metadata"]["function_name"] for r in results]
     assert names == [
         "SegmentSumWrapper.__init__",
@@ -129,7 +131,7 @@ def test_recorded_exception_replays_as_passed(tmp_path):
             pass
         """,
     )
-    (result,) = replay_sequence(str(root), device="cpu")
+    (result,) = replay_sequence(str(root), device="cpu", allow_modules=ALLOW)
     assert result["metadata"]["execution_status"] == "exception"
     assert result["comparison_match"] is True
 
@@ -149,7 +151,9 @@ def test_tampered_outputs_fail_the_cli_and_name_the_call(tmp_path):
     t = torch.load(outputs, weights_only=True)
     t["result"] = t["result"] + 1
     torch.save(t, outputs)
-    r = CliRunner().invoke(cli, ["replay", "--dir", str(root), "--device", "cpu"])
+    r = CliRunner().invoke(
+        cli, ["replay", "--allow-module", *ALLOW, "--dir", str(root), "--device", "cpu"]
+    )
     assert r.exit_code != 0
     assert f"reduce_rows ({target}): ❌ Mismatch" in r.output
     assert "Summary: 1 passed, 1 failed/mismatch" in r.output
@@ -186,7 +190,7 @@ def test_process_killed_mid_call_is_reported_incomplete(tmp_path):
     r = CliRunner().invoke(cli, ["dumps", "--dir", str(root)])
     assert r.exit_code == 0
     assert "slow_identity" in r.output and "incomplete" in r.output.lower()
-    results = replay_sequence(str(root), device="cpu")
+    results = replay_sequence(str(root), device="cpu", allow_modules=ALLOW)
     crashed = [r for r in results if r["metadata"]["function_name"] == "slow_identity"]
     assert crashed and crashed[0].get("incomplete") is True
     assert crashed[0]["args"][0].shape == (3,)
@@ -197,7 +201,9 @@ def test_process_killed_mid_call_is_reported_incomplete(tmp_path):
 def test_replay_single_dump_dir_through_the_cli(tmp_path):
     root = record(tmp_path, "h.summarize(torch.arange(6.0))\n")
     (d,) = [p for p in root.iterdir() if p.is_dir()]
-    r = CliRunner().invoke(cli, ["replay", "--dir", str(d), "--device", "cpu"])
+    r = CliRunner().invoke(
+        cli, ["replay", "--allow-module", *ALLOW, "--dir", str(d), "--device", "cpu"]
+    )
     assert r.exit_code == 0, r.output
     assert r.output.startswith(f"Replaying single dump from {d}...")
     assert "✅ Passed" in r.output
@@ -206,7 +212,9 @@ def test_replay_single_dump_dir_through_the_cli(tmp_path):
 def test_replay_from_dump_returns_loaded_arguments(tmp_path):
     root = record(tmp_path, "h.scale_add(torch.arange(4.0), torch.ones(4), alpha=2.0)\n")
     (d,) = [p for p in root.iterdir() if p.is_dir()]
-    res = replay_from_dump(str(d), compare_outputs=True, device="cpu", run=True)
+    res = replay_from_dump(
+        str(d), compare_outputs=True, device="cpu", run=True, allow_modules=ALLOW
+    )
     assert res["kwargs"] == {"alpha": 2.0}
     assert res["comparison_match"] is True
     assert set(res["expected_tensors"]) == {"result"}

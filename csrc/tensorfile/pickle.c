@@ -358,7 +358,8 @@ static value *global(reader *r)
                 v->dtype = (fi_dtype)d;
                 return v;
             }
-            if (strcmp(name, fi_dtype_name((fi_dtype)d)) == 0 && fi_dtype_to_py((fi_dtype)d)) {
+            /* Whether this torch has the dtype is checked when the tensor is built. */
+            if (strcmp(name, fi_dtype_name((fi_dtype)d)) == 0) {
                 v->g = G_DTYPE;
                 v->dtype = (fi_dtype)d;
                 return v;
@@ -684,15 +685,6 @@ static void reader_free(reader *r)
     free(r->memo);
 }
 
-void fi_pickle_free_tensors(fi_loaded_tensor *ts, size_t count)
-{
-    if (!ts)
-        return;
-    for (size_t k = 0; k < count; k++)
-        Py_XDECREF(ts[k].key);
-    PyMem_Free(ts);
-}
-
 int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path, fi_loaded_tensor **out,
                            size_t *count)
 {
@@ -734,7 +726,7 @@ int fi_pickle_read_tensors(const uint8_t *p, size_t n, const char *path, fi_load
     *count = nt;
     return 0;
 error:
-    fi_pickle_free_tensors(ts, nt);
+    fi_loaded_tensors_free(ts, nt);
     reader_free(&r);
     return -1;
 }

@@ -429,40 +429,11 @@ static const entry *find_entry(const entry *es, size_t n, const uint8_t *prefix,
     return NULL;
 }
 
-PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, size_t size)
+/* Points each tensor at its storage record data/<key> beside data.pkl. */
+static int locate_storages(const char *path, const entry *es, size_t n, const entry *pkl,
+                           size_t prefix_len, fi_loaded_tensor *ts, size_t nt)
 {
-    entry *es;
-    size_t n;
-    if (read_entries(path, data, size, &es, &n) < 0)
-        return NULL;
-    const entry *pkl = NULL;
-    size_t prefix_len = 0;
-    for (size_t i = 0; i < n && !pkl; i++) {
-        const uint8_t *slash = memchr(es[i].name, '/', es[i].name_len);
-        if (slash && (size_t)(es[i].name + es[i].name_len - slash) == 9 &&
-            memcmp(slash, "/data.pkl", 9) == 0) {
-            pkl = &es[i];
-            prefix_len = (size_t)(slash - es[i].name);
-        }
-    }
-    if (!pkl) {
-        PyMem_Free(es);
-        zip_error(path, "no data.pkl record");
-        return NULL;
-    }
-    if (fi_crc32(0, data + pkl->data_off, pkl->size) != pkl->crc) {
-        PyMem_Free(es);
-        zip_error(path, "data.pkl fails its CRC-32 check");
-        return NULL;
-    }
-    fi_loaded_tensor *ts;
-    size_t nt;
-    if (fi_pickle_read_tensors(data + pkl->data_off, pkl->size, path, &ts, &nt) < 0) {
-        PyMem_Free(es);
-        return NULL;
-    }
-    PyObject *result = PyDict_New();
-    for (size_t k = 0; result && k < nt; k++) {
+    for (size_t k = 0; k < nt; k++) {
         fi_loaded_tensor *lt = &ts[k];
         const entry *rec = find_entry(es, n, pkl->name, prefix_len, "/data/", lt->storage_key,
                                       lt->storage_key_len);
@@ -475,16 +446,40 @@ PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, siz
                          "%s: tensor %R: storage record data/%s is %s (needs %llu bytes)", path,
                          lt->key, key, rec ? "too short" : "missing",
                          (unsigned long long)lt->data_nbytes);
-            Py_CLEAR(result);
-            break;
+            return -1;
         }
         lt->data_offset = rec->data_off;
-        PyObject *t = fi_tensor_from_mapping(mm, data, path, lt);
-        if (!t || PyDict_SetItem(result, lt->key, t) < 0)
-            Py_CLEAR(result);
-        Py_XDECREF(t);
     }
-    fi_pickle_free_tensors(ts, nt);
+    return 0;
+}
+
+int fi_ptzip_describe(const char *path, const uint8_t *data, size_t size, fi_loaded_tensor **out,
+                      size_t *count)
+{
+    entry *es;
+    size_t n;
+    if (read_entries(path, data, size, &es, &n) < 0)
+        return -1;
+    const entry *pkl = NULL;
+    size_t prefix_len = 0;
+    for (size_t i = 0; i < n && !pkl; i++) {
+        const uint8_t *slash = memchr(es[i].name, '/', es[i].name_len);
+        if (slash && (size_t)(es[i].name + es[i].name_len - slash) == 9 &&
+            memcmp(slash, "/data.pkl", 9) == 0) {
+            pkl = &es[i];
+            prefix_len = (size_t)(slash - es[i].name);
+        }
+    }
+    int r = -1;
+    if (!pkl)
+        zip_error(path, "no data.pkl record");
+    else if (fi_crc32(0, data + pkl->data_off, pkl->size) != pkl->crc)
+        zip_error(path, "data.pkl fails its CRC-32 check");
+    else if (fi_pickle_read_tensors(data + pkl->data_off, pkl->size, path, out, count) == 0) {
+        r = locate_storages(path, es, n, pkl, prefix_len, *out, *count);
+        if (r < 0)
+            fi_loaded_tensors_free(*out, *count);
+    }
     PyMem_Free(es);
-    return result;
+    return r;
 }

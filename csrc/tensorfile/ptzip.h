@@ -18,7 +18,10 @@ int fi_ptzip_fill_crcs(uint8_t *d, size_t size);
 /* Nonzero when data looks like a zip archive (local header or empty-archive magic). */
 int fi_ptzip_sniff(const uint8_t *data, size_t size);
 
-/* Parses the archive data[0..size) of path (mapped by mm) into {str: Tensor}. */
-PyObject *fi_ptzip_read(const char *path, PyObject *mm, const uint8_t *data, size_t size);
+/* Parses the archive data[0..size) of path into tensor descriptions, each pointing at
+ * its storage's bytes in data (free with fi_loaded_tensors_free). Needs no torch;
+ * -1 with ValueError naming path and the problem. */
+int fi_ptzip_describe(const char *path, const uint8_t *data, size_t size, fi_loaded_tensor **out,
+                      size_t *count);
 
 #endif

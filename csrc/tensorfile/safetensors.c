@@ -196,8 +196,9 @@ static fi_dtype dtype_of_code(PyObject *code)
         PyErr_Clear();
         return FI_DTYPE_UNKNOWN;
     }
+    /* Whether this torch has the dtype is checked when the tensor is built. */
     for (int d = 0; d < FI_DTYPE_COUNT; d++)
-        if (st_codes[d] && strcmp(st_codes[d], s) == 0 && fi_dtype_to_py((fi_dtype)d))
+        if (st_codes[d] && strcmp(st_codes[d], s) == 0)
             return (fi_dtype)d;
     return FI_DTYPE_UNKNOWN;
 }
@@ -269,63 +270,70 @@ static int fill_tensor(const char *path, PyObject *key, PyObject *info, uint64_t
     return 0;
 }
 
-PyObject *fi_safetensors_read(const char *path, PyObject *mm, const uint8_t *data, size_t size)
+/* The header's JSON object, after checking its length fits the file. New reference. */
+static PyObject *parse_header(const char *path, const uint8_t *data, size_t size, uint64_t *hlen)
 {
     if (size < 8) {
         PyErr_Format(PyExc_ValueError, "%s: not a valid safetensors file: %zu bytes is too short",
                      path, size);
         return NULL;
     }
-    uint64_t hlen = 0;
+    *hlen = 0;
     for (int k = 0; k < 8; k++)
-        hlen |= (uint64_t)data[k] << (8 * k);
-    if (hlen > size - 8 || hlen > ST_MAX_HEADER || hlen < 2 || data[8] != '{') {
+        *hlen |= (uint64_t)data[k] << (8 * k);
+    if (*hlen > size - 8 || *hlen > ST_MAX_HEADER || *hlen < 2 || data[8] != '{') {
         PyErr_Format(PyExc_ValueError,
                      "%s: not a valid safetensors file: header length %llu does not fit the "
                      "%zu-byte file (or the header is not a JSON object)",
-                     path, (unsigned long long)hlen, size);
+                     path, (unsigned long long)*hlen, size);
         return NULL;
     }
     char what[600];
     snprintf(what, sizeof(what), "%s: safetensors header", path);
-    PyObject *header = fi_json_parse((const char *)data + 8, (size_t)hlen, what);
-    if (!header)
-        return NULL;
-    PyObject *result = NULL, *strides = NULL, *grads = NULL;
-    if (!PyDict_Check(header)) {
+    PyObject *header = fi_json_parse((const char *)data + 8, (size_t)*hlen, what);
+    if (header && !PyDict_Check(header)) {
         PyErr_Format(PyExc_ValueError,
-                     "%s: not a valid safetensors file: header is not a "
-                     "JSON object",
-                     path);
-        goto done;
+                     "%s: not a valid safetensors file: header is not a JSON object", path);
+        Py_CLEAR(header);
     }
+    return header;
+}
+
+int fi_safetensors_describe(const char *path, const uint8_t *data, size_t size,
+                            fi_loaded_tensor **out, size_t *count)
+{
+    uint64_t hlen;
+    PyObject *header = parse_header(path, data, size, &hlen);
+    if (!header)
+        return -1;
     PyObject *meta = PyDict_GetItemString(header, "__metadata__");
     if (meta && !PyDict_Check(meta))
         meta = NULL;
-    strides = meta_json(path, meta, META_STRIDES);
-    grads = strides || !PyErr_Occurred() ? meta_json(path, meta, META_GRAD) : NULL;
-    if (PyErr_Occurred())
-        goto done;
-    result = PyDict_New();
+    PyObject *strides = meta_json(path, meta, META_STRIDES);
+    PyObject *grads = strides || !PyErr_Occurred() ? meta_json(path, meta, META_GRAD) : NULL;
+    Py_ssize_t n = PyDict_GET_SIZE(header);
+    fi_loaded_tensor *ts = PyErr_Occurred() ? NULL : PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ts));
+    if (!ts && !PyErr_Occurred())
+        PyErr_NoMemory();
+    size_t nt = 0;
     PyObject *key, *info;
     Py_ssize_t pos = 0;
-    while (result && PyDict_Next(header, &pos, &key, &info)) {
+    while (ts && PyDict_Next(header, &pos, &key, &info)) {
         if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, "__metadata__") == 0)
             continue;
-        fi_loaded_tensor lt;
-        if (fill_tensor(path, key, info, 8 + hlen, size - 8 - hlen, strides, grads, &lt) < 0) {
-            Py_CLEAR(result);
+        if (fill_tensor(path, key, info, 8 + hlen, size - 8 - hlen, strides, grads, &ts[nt]) < 0) {
+            fi_loaded_tensors_free(ts, nt);
+            ts = NULL;
             break;
         }
-        PyObject *t = fi_tensor_from_mapping(mm, data, path, &lt);
-        if (!t || PyDict_SetItem(result, key, t) < 0)
-            Py_CLEAR(result);
-        Py_XDECREF(t);
-        Py_DECREF(lt.key);
+        nt++;
     }
-done:
     Py_XDECREF(strides);
     Py_XDECREF(grads);
     Py_DECREF(header);
-    return result;
+    if (!ts)
+        return -1;
+    *out = ts;
+    *count = nt;
+    return 0;
 }

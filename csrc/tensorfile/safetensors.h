@@ -15,7 +15,10 @@ int fi_safetensors_header(fi_buf *b, const fi_saved_tensor *ts, size_t n);
 int fi_safetensors_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const char *header,
                          size_t header_len);
 
-/* Parses data[0..size) of path (mapped by mm) into {str: Tensor}, strides restored. */
-PyObject *fi_safetensors_read(const char *path, PyObject *mm, const uint8_t *data, size_t size);
+/* Parses data[0..size) of path into tensor descriptions (strides from __metadata__),
+ * each pointing at its bytes in data (free with fi_loaded_tensors_free). Needs no
+ * torch; -1 with ValueError naming path and the problem. */
+int fi_safetensors_describe(const char *path, const uint8_t *data, size_t size,
+                            fi_loaded_tensor **out, size_t *count);
 
 #endif

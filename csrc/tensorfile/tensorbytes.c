@@ -199,10 +199,10 @@ static PyObject *shape_view(PyObject *bytes, const fi_loaded_tensor *lt, const i
     return t;
 }
 
-/* Places contiguous row-major elements src into their strided positions in dst. */
-static void scatter(char *dst, const char *src, const fi_loaded_tensor *lt, size_t isz)
+void fi_scatter_to_strides(char *dst, const char *src, const fi_loaded_tensor *lt)
 {
     int nd = lt->ndim;
+    size_t isz = fi_dtype_size(lt->dtype);
     int64_t idx[FI_MAX_DIMS] = {0};
     if (nd == 0) {
         memcpy(dst, src, isz);
@@ -223,10 +223,19 @@ static void scatter(char *dst, const char *src, const fi_loaded_tensor *lt, size
     }
 }
 
-/* Contiguous file data restored to the recorded strides: copied into a fresh storage of
- * the view's span. A span far beyond the data (hostile strides) keeps contiguous ones. */
-static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt, uint64_t span,
-                                 size_t isz)
+static PyObject *extent_error(const char *path, const fi_loaded_tensor *lt, uint64_t span)
+{
+    return PyErr_Format(PyExc_ValueError,
+                        "%s: tensor %R: view of %llu elements at offset %lld does not fit its "
+                        "storage of %llu bytes",
+                        path, lt->key, (unsigned long long)span, (long long)lt->storage_offset,
+                        (unsigned long long)lt->data_nbytes);
+}
+
+/* Strides of contiguous data are restored by copying into a fresh storage of the view's
+ * span, unless they already are contiguous or the span lies far beyond the data
+ * (hostile strides): then the contiguous strides are kept. */
+static int needs_restore(const fi_loaded_tensor *lt, uint64_t span_bytes)
 {
     int64_t expect = 1;
     int same = 1;
@@ -234,14 +243,48 @@ static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt
         same &= lt->shape[i] == 1 || lt->stride[i] == expect;
         expect *= lt->shape[i];
     }
-    uint64_t span_bytes = span * isz;
-    if (same || lt->data_nbytes == 0 || span_bytes > 16 * lt->data_nbytes + 4096)
-        return NULL;
+    return !same && lt->data_nbytes > 0 && span_bytes <= 16 * lt->data_nbytes + 4096;
+}
+
+int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e)
+{
+    size_t isz = fi_dtype_size(lt->dtype);
+    uint64_t nbytes, span;
+    if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes, &span) <
+        0)
+        return -1;
+    memset(e, 0, sizeof(*e));
+    if (lt->contiguous_in_file) {
+        if (nbytes > lt->data_nbytes) {
+            extent_error(path, lt, nbytes / (isz ? isz : 1));
+            return -1;
+        }
+        e->offset = lt->data_offset;
+        e->nbytes = nbytes;
+        e->restore_bytes = needs_restore(lt, span * isz) ? span * isz : 0;
+        return 0;
+    }
+    uint64_t storage = lt->data_nbytes / isz;
+    if (lt->data_nbytes % isz != 0 || lt->storage_offset < 0 ||
+        (span > 0 && ((uint64_t)lt->storage_offset > storage ||
+                      span > storage - (uint64_t)lt->storage_offset))) {
+        extent_error(path, lt, span);
+        return -1;
+    }
+    e->offset = lt->data_offset + (uint64_t)lt->storage_offset * isz;
+    e->nbytes = span * isz;
+    return 0;
+}
+
+/* Contiguous file data restored to the recorded strides in a new storage. */
+static PyObject *restored_tensor(const uint8_t *base, const fi_loaded_tensor *lt,
+                                 const fi_extent *e)
+{
     PyObject *zeros = torch_attr("zeros");
     if (!zeros)
         return NULL;
     PyObject *kw = Py_BuildValue("{sO}", "dtype", fi_dtype_to_py(FI_DTYPE_U8));
-    PyObject *args = Py_BuildValue("(K)", (unsigned long long)span_bytes);
+    PyObject *args = Py_BuildValue("(K)", (unsigned long long)e->restore_bytes);
     PyObject *buf = kw && args ? PyObject_Call(zeros, args, kw) : NULL;
     Py_XDECREF(kw);
     Py_XDECREF(args);
@@ -255,7 +298,7 @@ static PyObject *restore_strides(const uint8_t *base, const fi_loaded_tensor *lt
         Py_DECREF(buf);
         return NULL;
     }
-    scatter(dst, (const char *)base + lt->data_offset, lt, isz);
+    fi_scatter_to_strides(dst, (const char *)base + e->offset, lt);
     return shape_view(buf, lt, lt->stride, 0);
 }
 
@@ -267,36 +310,20 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
                      lt->key, fi_dtype_name(lt->dtype));
         return NULL;
     }
-    size_t isz = fi_dtype_size(lt->dtype);
-    uint64_t nbytes, span;
-    if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes, &span) <
-        0)
+    fi_extent e;
+    if (fi_tensor_extent(path, lt, &e) < 0)
         return NULL;
-    PyObject *t = NULL;
-    if (lt->contiguous_in_file) {
-        t = restore_strides(base, lt, span, isz);
-        if (!t && PyErr_Occurred())
-            return NULL;
-        if (!t) {
-            int64_t contig[FI_MAX_DIMS], expect = 1;
-            for (int i = lt->ndim - 1; i >= 0; i--) {
-                contig[i] = expect;
-                expect *= lt->shape[i];
-            }
-            t = shape_view(bytes_tensor(mm, lt->data_offset, lt->data_nbytes), lt, contig, 0);
+    PyObject *t;
+    if (e.restore_bytes) {
+        t = restored_tensor(base, lt, &e);
+    } else if (lt->contiguous_in_file) {
+        int64_t contig[FI_MAX_DIMS], expect = 1;
+        for (int i = lt->ndim - 1; i >= 0; i--) {
+            contig[i] = expect;
+            expect *= lt->shape[i];
         }
+        t = shape_view(bytes_tensor(mm, lt->data_offset, lt->data_nbytes), lt, contig, 0);
     } else {
-        uint64_t storage = lt->data_nbytes / isz;
-        if (lt->data_nbytes % isz != 0 || lt->storage_offset < 0 ||
-            (span > 0 && ((uint64_t)lt->storage_offset > storage ||
-                          span > storage - (uint64_t)lt->storage_offset))) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s: tensor %R: view of %llu elements at offset %lld does not fit its "
-                         "storage of %llu bytes",
-                         path, lt->key, (unsigned long long)span, (long long)lt->storage_offset,
-                         (unsigned long long)lt->data_nbytes);
-            return NULL;
-        }
         t = shape_view(bytes_tensor(mm, lt->data_offset, lt->data_nbytes), lt, lt->stride,
                        lt->storage_offset);
     }
@@ -311,4 +338,13 @@ PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *
         Py_XDECREF(r);
     }
     return t;
+}
+
+void fi_loaded_tensors_free(fi_loaded_tensor *ts, size_t count)
+{
+    if (!ts)
+        return;
+    for (size_t k = 0; k < count; k++)
+        Py_XDECREF(ts[k].key);
+    PyMem_Free(ts);
 }

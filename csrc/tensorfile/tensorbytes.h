@@ -57,6 +57,21 @@ typedef struct {
     size_t storage_key_len;
 } fi_loaded_tensor;
 
+/* Frees count descriptions and their keys. */
+void fi_loaded_tensors_free(fi_loaded_tensor *ts, size_t count);
+
+/* The file bytes a described tensor reads: [offset, offset + nbytes). When
+ * restore_bytes is nonzero, they hold contiguous elements that are scattered into a new
+ * buffer of restore_bytes to restore the recorded strides. Checks the view fits its
+ * storage (-1 with ValueError naming path and key otherwise). Needs no torch. */
+typedef struct {
+    uint64_t offset, nbytes, restore_bytes;
+} fi_extent;
+int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e);
+
+/* Copies the contiguous row-major elements src of lt into their strided places in dst. */
+void fi_scatter_to_strides(char *dst, const char *src, const fi_loaded_tensor *lt);
+
 /* Builds a torch.Tensor over the memory map mm (a Python mmap object) of file path,
  * checking that the view fits inside the storage bytes. New reference or NULL. */
 PyObject *fi_tensor_from_mapping(PyObject *mm, const uint8_t *base, const char *path,

@@ -267,9 +267,26 @@ void fi_image_free(fi_image *img)
 
 /* ---- loading ---- */
 
+/* {key: Tensor} built over the mapping from descriptions ts, which it frees. */
+static PyObject *tensor_dict(PyObject *mm, const uint8_t *data, const char *path,
+                             fi_loaded_tensor *ts, size_t n)
+{
+    PyObject *result = PyDict_New();
+    for (size_t k = 0; result && k < n; k++) {
+        PyObject *t = fi_tensor_from_mapping(mm, data, path, &ts[k]);
+        if (!t || PyDict_SetItem(result, ts[k].key, t) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(t);
+    }
+    fi_loaded_tensors_free(ts, n);
+    return result;
+}
+
 PyObject *fi_load_tensor_dict(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking: opening a FIFO for reading would otherwise wait for a writer
+     * forever; fstat below refuses anything but a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
     struct stat st;
@@ -309,8 +326,11 @@ PyObject *fi_load_tensor_dict(const char *path)
     }
     const uint8_t *data = view.buf;
     size_t size = (size_t)view.len;
-    PyObject *result = fi_ptzip_sniff(data, size) ? fi_ptzip_read(path, mm, data, size)
-                                                  : fi_safetensors_read(path, mm, data, size);
+    fi_loaded_tensor *ts;
+    size_t n;
+    int parsed = fi_ptzip_sniff(data, size) ? fi_ptzip_describe(path, data, size, &ts, &n)
+                                            : fi_safetensors_describe(path, data, size, &ts, &n);
+    PyObject *result = parsed < 0 ? NULL : tensor_dict(mm, data, path, ts, n);
     PyBuffer_Release(&view);
     Py_DECREF(mm);
     return result;
