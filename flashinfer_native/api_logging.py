@@ -93,7 +93,8 @@ def _system_info_json(info):
 
 
 def _dump_banner_text(logger):
-    """The level-10 warning FlashInfer prints on stdout at import, line for line."""
+    """The level-10 warning FlashInfer prints on stdout at import, line for line, then
+    what the ring recorder (FLASHINFER_DUMP_RING, ours) keeps, when it is on."""
     lines = [
         _SEP,
         "WARNING: FlashInfer API Logging is set to Level 10 (Tensor Dumping).\n"
@@ -118,6 +119,7 @@ def _dump_banner_text(logger):
         "torch.cuda.CUDAGraph.replay().",
         "CUDA graph capture stores tensor references and materializes snapshots after every "
         "replay.",
+        *(logger.ring_banner() or ()),
         _SEP,
     ]
     return "\n".join(lines) + "\n"

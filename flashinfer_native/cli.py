@@ -318,7 +318,8 @@ def _write_json(path, data):
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def dumps(dump_dir, as_json):
-    """Summarise a recorded session: calls per API, completed, exception and crashed calls.
+    """Summarise a recorded session: calls per API, completed, exception and crashed calls,
+    and the flight recorder's triggers (the triggering call is marked).
 
     Exit status 1 when the session cannot be read (a one-line error says why).
     """
@@ -344,21 +345,35 @@ def dumps(dump_dir, as_json):
             f"Lines longer than {dumpdir.size_text(dumpdir.MAX_LINE_BYTES)} skipped unread: "
             f"{len(s['oversized_lines'])} (line {lines}{more})"
         )
+    fired = {}
+    if s["triggers"]:
+        click.echo("Flight recorder triggers:")
+        for t in s["triggers"]:
+            what = t["trigger"] + (f" ({t['signal']})" if t.get("signal") else "")
+            fired.setdefault(t["dir"], what)
+            click.echo(
+                f"  {what} at {t['dir']} (pid {t['process_id']}): "
+                f"{t['calls_written']} calls written"
+            )
     click.echo("Calls per API:")
     for api, n in s["per_api"].items():
         click.echo(f"  {api}: {n}")
+
+    def mark(name):
+        return f"  <- trigger: {fired[name]}" if name in fired else ""
+
     if s["completed"]:
         click.echo("Completed calls:")
         for name in s["completed"]:
-            click.echo(f"  {name}")
+            click.echo(f"  {name}{mark(name)}")
     if s["exception"]:
         click.echo("Exception calls:")
         for e in s["exception"]:
-            click.echo(f"  {e['dir']}: {e['type']}: {e['message']}")
+            click.echo(f"  {e['dir']}: {e['type']}: {e['message']}{mark(e['dir'])}")
     if s["incomplete"]:
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
-            click.echo(f"  {name}")
+            click.echo(f"  {name}{mark(name)}")
 
 
 def _tolerances(command):

@@ -474,10 +474,15 @@ def _as_int(value):
 
 
 def summarize_session(root):
-    """Summary of a dump root: calls per API and completed/exception/incomplete dumps."""
+    """Summary of a dump root: calls per API, completed/exception/incomplete dumps, and
+    the flight recorder's triggers (``triggers``: what fired and the triggering call)."""
     records, bad, oversized, source = _session_records(root)
     last = {}
+    triggers = []
     for record in records:
+        if record.get("record_type") == "trigger":
+            triggers.append(_trigger_summary(record))
+            continue
         # a graph snapshot's records name the call they belong to
         key = str(record.get("graph_capture_base_dump_dir") or record.get("dump_dir", ""))
         last[key] = record
@@ -512,4 +517,18 @@ def summarize_session(root):
         "disk_bytes": _dir_bytes(root),
         "unreadable_records": bad,
         "oversized_lines": oversized,
+        "triggers": triggers,
+    }
+
+
+def _trigger_summary(record):
+    """A flight-recorder trigger record: what fired, at which call (directory name)."""
+    return {
+        "trigger": record.get("trigger"),
+        "signal": record.get("signal"),
+        "dir": os.path.basename(str(record.get("dump_dir", "")).rstrip("/")),
+        "function_name": record.get("function_name"),
+        "time": record.get("time"),
+        "process_id": record.get("process_id"),
+        "calls_written": record.get("calls_written"),
     }

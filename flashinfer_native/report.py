@@ -65,9 +65,10 @@ def _timing(call):
 
 
 def _triggers(root):
-    """Trigger markers of ``session.jsonl``: records that are not a call's own line (no
-    ``dump_dir``) with a ``trigger`` key or ``execution_status: "trigger"``, as a ring
-    recorder writes when a trigger fires."""
+    """Trigger markers of ``session.jsonl``: the ring recorder's ``record_type: "trigger"``
+    records (they name the triggering call's ``dump_dir``), and records that are not a
+    call's own line (no ``dump_dir``) with a ``trigger`` key or
+    ``execution_status: "trigger"``."""
     path = os.path.join(root, "session.jsonl")
     found = []
     if not os.path.isfile(path):
@@ -78,10 +79,12 @@ def _triggers(root):
                 record = json.loads(line)
             except ValueError:
                 continue
-            if (
-                isinstance(record, dict)
-                and "dump_dir" not in record
-                and ("trigger" in record or record.get("execution_status") == "trigger")
+            if isinstance(record, dict) and (
+                record.get("record_type") == "trigger"
+                or (
+                    "dump_dir" not in record
+                    and ("trigger" in record or record.get("execution_status") == "trigger")
+                )
             ):
                 found.append(record)
     return found
@@ -154,10 +157,19 @@ def _tensor_rows(call, record, role, stem):
 # ------------------------------------------------------------------ the page
 
 
+def _trigger_time(record):
+    """Seconds since the epoch of a trigger record: the ring's ``time`` (a number), or a
+    ``timestamp`` stamp; None without either."""
+    when = record.get("time")
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        return float(when)
+    return parse_timestamp(record.get("timestamp"))
+
+
 def _timeline_svg(calls, timings, triggers):
     """One lane per API; each call a bar from its start, as wide as its duration."""
     starts = [t[0] for t in timings if t[0] is not None]
-    trigger_times = [parse_timestamp(r.get("timestamp")) for r in triggers]
+    trigger_times = [_trigger_time(r) for r in triggers]
     moments = starts + [t[0] + (t[1] or 0) for t in timings if t[0] is not None]
     moments += [t for t in trigger_times if t is not None]
     if not moments:

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,72 @@ static int split_patterns(const char *s, char **items, int *count)
     return 0;
 }
 
+static const struct {
+    const char *name;
+    unsigned bit;
+} trigger_names[] = {
+    {"exception", FI_TRIGGER_EXCEPTION}, {"nan", FI_TRIGGER_NAN},       {"inf", FI_TRIGGER_INF},
+    {"nan_input", FI_TRIGGER_NAN_INPUT}, {"signal", FI_TRIGGER_SIGNAL}, {"exit", FI_TRIGGER_EXIT},
+};
+
+/* FLASHINFER_DUMP_ON: known names become bits; unknown ones warn (the rest still count). */
+static int parse_triggers(fi_config *cfg, const char *value, fi_config_warn_fn warn, void *ctx)
+{
+    char *items[FI_MAX_PATTERNS];
+    int n;
+    if (split_patterns(value, items, &n) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        unsigned bit = 0;
+        for (size_t k = 0; k < sizeof trigger_names / sizeof trigger_names[0]; k++)
+            if (strcmp(items[i], trigger_names[k].name) == 0)
+                bit = trigger_names[k].bit;
+        if (!bit)
+            warn(ctx, "FLASHINFER_DUMP_ON", items[i],
+                 "no trigger (known: exception, nan, inf, nan_input, signal, exit)");
+        cfg->dump_on |= bit;
+        free(items[i]);
+    }
+    return 0;
+}
+
+/* var, when set, as an integer in [lo, hi] into *out; any other value warns (naming
+ * default_text) and leaves *out alone. */
+static void env_ll(const char *var, long long lo, long long hi, const char *default_text,
+                   long long *out, fi_config_warn_fn warn, void *ctx)
+{
+    const char *v = env_or_null(var);
+    long long n;
+    if (v && parse_ll(v, &n) == 0 && n >= lo && n <= hi)
+        *out = n;
+    else if (v)
+        warn(ctx, var, v, default_text);
+}
+
+/* var, when set, as a finite number >= 0 into *out, like env_ll. */
+static void env_size_gb(const char *var, const char *default_text, double *out,
+                        fi_config_warn_fn warn, void *ctx)
+{
+    const char *v = env_or_null(var);
+    double d;
+    if (v && parse_double(v, &d) == 0 && d >= 0)
+        *out = d;
+    else if (v)
+        warn(ctx, var, v, default_text);
+}
+
+/* The flight recorder's variables (FLASHINFER_DUMP_RING and what goes with it). */
+static int ring_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
+{
+    cfg->ring_max_gb = 4.0;
+    cfg->max_triggers = 1;
+    env_ll("FLASHINFER_DUMP_RING", 1, LLONG_MAX, "0 (no ring)", &cfg->ring, warn, ctx);
+    env_size_gb("FLASHINFER_DUMP_RING_MAX_GB", "4", &cfg->ring_max_gb, warn, ctx);
+    env_ll("FLASHINFER_DUMP_MAX_TRIGGERS", 0, LLONG_MAX, "1", &cfg->max_triggers, warn, ctx);
+    const char *v = env_or_null("FLASHINFER_DUMP_ON");
+    return v ? parse_triggers(cfg, v, warn, ctx) : 0;
+}
+
 int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -137,29 +204,15 @@ int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
     cfg->dump_dir = fi_config_subst_pid(v ? v : "flashinfer_dumps", pid);
     if (!cfg->logdest || !cfg->dump_dir)
         return -1;
-    if ((v = env_or_null("FLASHINFER_DUMP_MAX_SIZE_GB"))) {
-        double d;
-        if (parse_double(v, &d) == 0 && d >= 0)
-            cfg->max_size_gb = d;
-        else
-            warn(ctx, "FLASHINFER_DUMP_MAX_SIZE_GB", v, "20");
-    }
-    if ((v = env_or_null("FLASHINFER_DUMP_MAX_COUNT"))) {
-        if (parse_ll(v, &n) == 0 && n >= 0)
-            cfg->max_count = n;
-        else
-            warn(ctx, "FLASHINFER_DUMP_MAX_COUNT", v, "1000");
-    }
-    if ((v = env_or_null("FLASHINFER_DUMP_SAFETENSORS"))) {
-        if (parse_ll(v, &n) == 0 && (n == 0 || n == 1))
-            cfg->safetensors = (int)n;
-        else
-            warn(ctx, "FLASHINFER_DUMP_SAFETENSORS", v, "0");
-    }
+    env_size_gb("FLASHINFER_DUMP_MAX_SIZE_GB", "20", &cfg->max_size_gb, warn, ctx);
+    env_ll("FLASHINFER_DUMP_MAX_COUNT", 0, LLONG_MAX, "1000", &cfg->max_count, warn, ctx);
+    long long safetensors = 0;
+    env_ll("FLASHINFER_DUMP_SAFETENSORS", 0, 1, "0", &safetensors, warn, ctx);
+    cfg->safetensors = (int)safetensors;
     if (split_patterns(getenv("FLASHINFER_DUMP_INCLUDE"), cfg->include, &cfg->n_include) < 0 ||
         split_patterns(getenv("FLASHINFER_DUMP_EXCLUDE"), cfg->exclude, &cfg->n_exclude) < 0)
         return -1;
-    return 0;
+    return ring_from_env(cfg, warn, ctx);
 }
 
 void fi_config_free(fi_config *cfg)

@@ -9,6 +9,16 @@
 
 typedef enum { FI_LOG_TEXT = 0, FI_LOG_JSON = 1 } fi_log_format;
 
+/* FLASHINFER_DUMP_ON trigger names as bits. */
+enum {
+    FI_TRIGGER_EXCEPTION = 1,
+    FI_TRIGGER_NAN = 2,
+    FI_TRIGGER_INF = 4,
+    FI_TRIGGER_NAN_INPUT = 8, /* also check the inputs for the nan / inf triggers */
+    FI_TRIGGER_SIGNAL = 16,
+    FI_TRIGGER_EXIT = 32,
+};
+
 typedef struct {
     int level;                /* 0, 1, 3, 5 or 10 after rounding down */
     fi_log_format log_format; /* FLASHINFER_LOGFORMAT: text (default) or json */
@@ -17,6 +27,10 @@ typedef struct {
     double max_size_gb;
     long long max_count;
     int safetensors;
+    long long ring;         /* FLASHINFER_DUMP_RING: calls kept (0: no ring) */
+    unsigned dump_on;       /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
+    double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget */
+    long long max_triggers; /* FLASHINFER_DUMP_MAX_TRIGGERS */
     char *include[FI_MAX_PATTERNS];
     int n_include;
     char *exclude[FI_MAX_PATTERNS];

@@ -13,6 +13,7 @@
 
 #include "dump_encode.h"
 #include "json.h"
+#include "ring.h"
 #include "sink.h"
 #include "stats.h"
 #include "strbuf.h"
@@ -43,6 +44,12 @@ struct fi_dump_call {
     PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
     graph_entry *graph;
     int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
+    /* in-memory ring: the slot holding the call's files (files while it is written) */
+    fi_ring_ticket ticket;
+    fi_ring_files *files;
+    int in_ring;
+    const char *trigger; /* a trigger the inputs fired (nan_input), fired at the end */
+    int tensors_skipped; /* larger than the ring's budget: records only */
 };
 
 /* --------------------------------------------------------------- log lines */
@@ -79,6 +86,110 @@ static void log_dump_error(fi_logger *lg, const char *name, const char *where)
     Py_XDECREF(et);
     Py_XDECREF(ev);
     Py_XDECREF(tb);
+}
+
+/* ------------------------------------------------------------------ ring */
+
+enum { RING_NONE, RING_DISK, RING_MEMORY };
+
+/* FLASHINFER_DUMP_RING without FLASHINFER_DUMP_ON keeps the last N call directories on
+ * disk; with it the last N calls stay in memory until a trigger fires. */
+static int ring_mode(const fi_logger *lg)
+{
+    if (lg->cfg.ring <= 0)
+        return RING_NONE;
+    return lg->cfg.dump_on ? RING_MEMORY : RING_DISK;
+}
+
+/* The logger's ring, made at its first dumped call (with the signal handlers and the
+ * exit hook its triggers ask for). NULL with an exception set on failure. */
+static fi_ring *get_ring(fi_logger *lg)
+{
+    if (lg->ring)
+        return lg->ring;
+    fi_ring *r = fi_ring_new(lg->cfg.ring, lg->cfg.dump_dir, lg->cfg.ring_max_gb,
+                             lg->cfg.max_triggers, lg->cfg.safetensors ? "safetensors" : "pt");
+    if (!r) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    lg->ring = r;
+    unsigned on = ring_mode(lg) == RING_MEMORY ? lg->cfg.dump_on : 0;
+    if ((on & FI_TRIGGER_SIGNAL) && fi_ring_install_signals(r) < 0)
+        log_line(lg, "[flashinfer] WARNING: flight recorder signal handlers not installed: %s",
+                 strerror(errno));
+    if (on & FI_TRIGGER_EXIT) {
+        PyObject *atexit = PyImport_ImportModule("atexit");
+        PyObject *method = PyObject_GetAttrString((PyObject *)lg, "dump_ring");
+        PyObject *ok =
+            atexit && method ? PyObject_CallMethod(atexit, "register", "Os", method, "exit") : NULL;
+        Py_XDECREF(atexit);
+        Py_XDECREF(method);
+        if (!ok)
+            return NULL;
+        Py_DECREF(ok);
+    }
+    return r;
+}
+
+/* Writes the in-memory ring for trigger and says so in the log. */
+static void fire_ring(fi_logger *lg, const char *trigger, const char *api_name)
+{
+    if (!fi_ring_recording(lg->ring))
+        return; /* FLASHINFER_DUMP_MAX_TRIGGERS reached */
+    int written = fi_ring_fire(lg->ring, trigger);
+    if (written < 0)
+        log_line(lg, "[flashinfer] flight recorder: trigger %s in %s: cannot write %s: %s", trigger,
+                 api_name, lg->cfg.dump_dir, strerror(errno));
+    else
+        log_line(lg, "[flashinfer] flight recorder: trigger %s in %s: %d calls written to %s",
+                 trigger, api_name, written, lg->cfg.dump_dir);
+}
+
+/* "nan" or "inf" when a tensor of tensors (a dict) holds one and its trigger is on. The
+ * level-5 statistics pass counts both. */
+static const char *nonfinite_trigger(fi_logger *lg, PyObject *tensors)
+{
+    unsigned on = lg->cfg.dump_on & (FI_TRIGGER_NAN | FI_TRIGGER_INF);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (on && PyDict_Next(tensors, &pos, &key, &value)) {
+        fi_stats st;
+        if (fi_stats_of_tensor(value, &st) < 0) {
+            PyErr_Clear();
+            continue;
+        }
+        if (st.kind != FI_STATS_FLOAT)
+            continue;
+        if ((on & FI_TRIGGER_NAN) && st.nan_count > 0)
+            return "nan";
+        if ((on & FI_TRIGGER_INF) && st.inf_count > 0)
+            return "inf";
+    }
+    return NULL;
+}
+
+/* The keys a trigger record repeats from the triggering call's record, as JSON members. */
+static int set_trigger_keys(fi_buf *out, PyObject *record)
+{
+    static const char *const keys[] = {"function_name", "dump_dir", "call_sequence", "sequence"};
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < sizeof keys / sizeof keys[0]; i++) {
+        PyObject *v = PyDict_GetItemString(record, keys[i]);
+        if (v && PyDict_SetItemString(d, keys[i], v) < 0)
+            Py_CLEAR(d);
+    }
+    fi_buf json;
+    fi_buf_init(&json);
+    int r = d ? fi_json_from_py(&json, d) : -1;
+    Py_XDECREF(d);
+    fi_buf_reset(out);
+    if (r == 0 && json.len >= 2 && fi_buf_append(out, json.data + 1, json.len - 2) < 0)
+        r = -1;
+    fi_buf_free(&json);
+    if (r < 0 && !PyErr_Occurred())
+        PyErr_NoMemory();
+    return r;
 }
 
 /* ------------------------------------------------------------ file system */
@@ -140,8 +251,10 @@ static long long next_counter(PyObject *counters, PyObject *name)
 }
 
 /* Makes the call directory; a name taken already (a re-import reset the counters
- * within the same millisecond) moves on to the next counter value. */
-static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, long long *call_seq)
+ * within the same millisecond) moves on to the next counter value. Without create only
+ * the name is chosen (the in-memory ring makes it when a trigger fires). */
+static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, long long *call_seq,
+                           int create)
 {
     const char *cname = PyUnicode_AsUTF8(name);
     if (!cname)
@@ -160,7 +273,7 @@ static char *make_call_dir(fi_logger *lg, PyObject *name, const char *stamp, lon
             break;
         snprintf(dir, cap, "%s/%s_pid%ld_%s_call%04lld", lg->cfg.dump_dir, stamp, (long)getpid(),
                  safe, n);
-        if (mkdir(dir, 0700) == 0) {
+        if (!create || mkdir(dir, 0700) == 0) {
             *call_seq = n;
             free(safe);
             return dir;
@@ -248,16 +361,28 @@ static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObjec
         *meta_fd = fd;
     else if (fd >= 0)
         close(fd);
-    int sfd = r == 0 ? open_session_jsonl(lg) : -1;
-    if (r == 0)
+    /* a disk ring's session.jsonl would grow without end: its directories are the record */
+    int sfd = r == 0 && ring_mode(lg) == RING_NONE ? open_session_jsonl(lg) : -1;
+    if (r == 0 && ring_mode(lg) == RING_NONE)
         r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", lg->cfg.dump_dir, &line);
     fi_buf_free(&line);
     return r;
 }
 
+/* The record as a line of the call's metadata.jsonl: in the ring slot's image, or on disk. */
 static int write_record(fi_dump_call *call)
 {
-    return write_record_at(call->lg, call->dir, &call->meta_fd, call->record);
+    if (!call->in_ring)
+        return write_record_at(call->lg, call->dir, &call->meta_fd, call->record);
+    if (!call->files)
+        return 0;
+    fi_buf *meta = &call->files->meta;
+    if (fi_json_from_py(meta, call->record) < 0 || fi_buf_putc(meta, '\n') < 0) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    return set_trigger_keys(&call->files->trigger_keys, call->record);
 }
 
 static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *stem,
@@ -277,9 +402,18 @@ static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *st
     return written;
 }
 
+/* The call's tensor file stem: a file image in its ring slot (the copy taken at call
+ * time: callers reuse their buffers), or a file on disk. */
 static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
 {
-    return save_tensors_at(call->lg, call->dir, stem, tensors, NULL);
+    if (!call->in_ring) /* the inputs' level-5 statistics come in the same pass (stats.c) */
+        return save_tensors_at(call->lg, call->dir, stem, tensors,
+                               stem[0] == 'i' ? fi_stats_remember : NULL);
+    if (!call->files || call->tensors_skipped)
+        return 0;
+    fi_image *img = stem[0] == 'i' ? &call->files->inputs : &call->files->outputs;
+    return fi_image_tensor_dict(
+        tensors, call->lg->cfg.safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, img);
 }
 
 /* ---------------------------------------------------------------- records */
@@ -449,6 +583,30 @@ static void call_free(fi_dump_call *call)
     free(call);
 }
 
+/* Claims the call's slot in the in-memory ring. A call larger than the whole budget keeps
+ * only its records (call->files NULL while the slot holds them), with one warning. */
+static int claim_slot(fi_dump_call *call, long long bytes)
+{
+    fi_logger *lg = call->lg;
+    int r = fi_ring_claim(lg->ring, call->dir, bytes > 0 ? (size_t)bytes : 0, &call->ticket);
+    if (r < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    call->files = fi_ring_open(lg->ring, &call->ticket);
+    if (r == 1) {
+        if (!lg->ring_warned)
+            log_line(lg,
+                     "[flashinfer] WARNING: a %s call (%lld tensor bytes) is larger than the "
+                     "flight recorder's budget (%g GB): its tensors are not kept. Raise "
+                     "FLASHINFER_DUMP_RING_MAX_GB to keep them.",
+                     PyUnicode_AsUTF8(call->name), bytes, lg->cfg.ring_max_gb);
+        lg->ring_warned = 1;
+        call->tensors_skipped = 1;
+    }
+    return 0;
+}
+
 fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -466,11 +624,18 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     call->lg = lg;
     Py_INCREF(lg);
     call->name = PyUnicode_FromString(api->api_name);
+    int mode = ring_mode(lg);
+    if (mode != RING_NONE && !get_ring(lg))
+        goto error;
+    call->in_ring = mode == RING_MEMORY;
+    if (call->in_ring && !fi_ring_recording(lg->ring))
+        goto skip;
     if (!call->name || fi_dump_encode_inputs(&ts, input_meta, args, nargs, kwnames) < 0)
         goto error;
-    if (!under_count_cap(lg, api->api_name))
+    /* a ring bounds itself: the caps are for recording everything */
+    if (mode == RING_NONE && !under_count_cap(lg, api->api_name))
         goto skip;
-    if (!under_size_cap(lg, ts.bytes)) {
+    if (mode == RING_NONE && !under_size_cap(lg, ts.bytes)) {
         /* the call still takes its number, as in FlashInfer: later directories of this
          * API keep the numbers they would have had */
         if (next_counter(lg->call_counters, call->name) < 0)
@@ -478,22 +643,27 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         log_size_cap(lg, "Skipping dump for", api->api_name);
         goto skip;
     }
-    if (ensure_root(lg) < 0)
+    if (!call->in_ring && ensure_root(lg) < 0)
         goto error;
     char stamp[32];
     timestamp_now(stamp, sizeof stamp);
     long long call_seq = 0;
-    call->dir = make_call_dir(lg, call->name, stamp, &call_seq);
-    if (!call->dir)
-        goto error;
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
      * tensors and write them after each replay (flush_graph_dumps) */
     int capturing = lg->force_graph_capture || graph_capturing(&ts);
-    /* the statistics of the inputs' level-5 text are taken in the same pass (stats.c) */
-    Py_ssize_t written =
-        capturing ? 0 : save_tensors_at(lg, call->dir, "inputs", ts.tensors, fi_stats_remember);
+    if (capturing && call->in_ring)
+        goto skip; /* the in-memory ring records no captured calls (no copy may run) */
+    call->dir = make_call_dir(lg, call->name, stamp, &call_seq, !call->in_ring);
+    if (!call->dir || (mode == RING_DISK && fi_ring_disk_push(lg->ring, call->dir) < 0))
+        goto error;
+    if (call->in_ring && claim_slot(call, ts.bytes) < 0)
+        goto error;
+    if ((lg->cfg.dump_on & FI_TRIGGER_NAN_INPUT) && call->in_ring)
+        call->trigger = nonfinite_trigger(lg, ts.tensors);
+    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
     if (written < 0) {
-        rmdir(call->dir);
+        if (!call->in_ring)
+            rmdir(call->dir);
         goto error;
     }
     lg->sequence++;
@@ -502,13 +672,20 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     call->input_bytes = ts.bytes;
     call->record =
         build_record(lg, api, call->name, stamp, call_seq, call->dir, &ts, input_meta, capturing);
+    if (call->record && call->tensors_skipped &&
+        fi_dump_dict_set(call->record, "tensors_skipped", PyUnicode_FromString("ring budget")) < 0)
+        goto error;
     if (!call->record || write_record(call) < 0 ||
         (capturing && hold_for_graph(call, ts.tensors) < 0))
         goto error;
-    log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
-             (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
-             capturing ? ", graph-deferred" : "");
-    log_line(lg, "Inputs dumped to: %s", call->dir);
+    if (call->in_ring) {
+        fi_ring_done(lg->ring, &call->ticket);
+    } else {
+        log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
+                 (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
+                 capturing ? ", graph-deferred" : "");
+        log_line(lg, "Inputs dumped to: %s", call->dir);
+    }
     fi_dump_tensors_free(&ts);
     Py_DECREF(input_meta);
     PyErr_Restore(et, ev, tb);
@@ -540,6 +717,8 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         goto done;
     long long out_bytes = 0;
     const char *status = "completed";
+    if (call->in_ring && !call->trigger)
+        call->trigger = nonfinite_trigger(lg, ts.tensors);
     if (call->graph) { /* captured: the flushes write the output tensors */
         call->graph->outputs = Py_NewRef(ts.tensors);
         if (PyDict_Update(details, ts.details) < 0 ||
@@ -548,7 +727,8 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         out_bytes = ts.bytes;
         status = "graph_capture_pending_flush";
     } else if (PyList_GET_SIZE(ts.keys) > 0) {
-        if (!under_size_cap(lg, ts.bytes)) {
+        /* a ring bounds itself: the size cap is for recording everything */
+        if (ring_mode(lg) == RING_NONE && !under_size_cap(lg, ts.bytes)) {
             if (fi_dump_dict_set(rec, "outputs_skipped", PyUnicode_FromString("size cap")) < 0)
                 goto done;
             log_size_cap(lg, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
@@ -622,11 +802,26 @@ static void log_outputs_dumped(fi_dump_call *call)
     log_line(call->lg, "Outputs dumped to: %s", call->dir);
 }
 
+/* The in-memory ring after a call: its records are complete, so a trigger the call
+ * fired (exception, nan, inf) writes the ring now, the call included. */
+static void ring_call_done(fi_dump_call *call, int raised)
+{
+    fi_logger *lg = call->lg;
+    fi_ring_done(lg->ring, &call->ticket);
+    const char *trigger = call->trigger;
+    if (raised && (lg->cfg.dump_on & FI_TRIGGER_EXCEPTION))
+        trigger = "exception";
+    if (trigger)
+        fire_ring(lg, trigger, PyUnicode_AsUTF8(call->name));
+}
+
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     fi_stats_forget(); /* the inputs' log text is written by now */
+    if (call->in_ring) /* NULL when the call's slot is gone (evicted, or the ring fired) */
+        call->files = fi_ring_open(call->lg->ring, &call->ticket);
     int r;
     if (result) {
         r = finish_completed(call, result);
@@ -640,8 +835,10 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
         r = write_record(call);
     if (r < 0)
         log_dump_error(call->lg, PyUnicode_AsUTF8(call->name), "outputs");
-    else if (result)
+    else if (result && !call->in_ring) /* the in-memory ring writes nothing now */
         log_outputs_dumped(call);
+    if (call->in_ring)
+        ring_call_done(call, result == NULL);
     call_free(call);
     if (tb && ev)
         PyException_SetTraceback(ev, tb);
@@ -814,6 +1011,70 @@ static PyObject *clear_graph_dumps(PyObject *self, PyObject *unused)
     return PyLong_FromSsize_t(parts);
 }
 
+/* ------------------------------------------------- the Logger's ring methods */
+
+PyDoc_STRVAR(dump_ring_doc,
+             "dump_ring(trigger='manual')\n--\n\nWrite the in-memory flight recorder's calls now "
+             "(as the named trigger would); returns how many calls were written.");
+
+static PyObject *dump_ring(PyObject *self, PyObject *args)
+{
+    fi_logger *lg = (fi_logger *)self;
+    const char *trigger = "manual";
+    if (!PyArg_ParseTuple(args, "|s:dump_ring", &trigger))
+        return NULL;
+    if (!lg->ring || ring_mode(lg) != RING_MEMORY)
+        return PyLong_FromLong(0);
+    int written = fi_ring_fire(lg->ring, trigger);
+    if (written < 0)
+        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, lg->cfg.dump_dir);
+    return PyLong_FromLong(written);
+}
+
+PyDoc_STRVAR(ring_bytes_doc, "ring_bytes()\n--\n\nBytes the in-memory flight recorder holds.");
+
+static PyObject *ring_bytes(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    fi_logger *lg = (fi_logger *)self;
+    return PyLong_FromSize_t(lg->ring ? fi_ring_bytes(lg->ring) : 0);
+}
+
+PyDoc_STRVAR(ring_banner_doc,
+             "ring_banner()\n--\n\nThe level-10 banner's two lines about the ring (what is "
+             "written, and the ring's limits), or None without FLASHINFER_DUMP_RING.");
+
+static PyObject *ring_banner(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    const fi_config *c = &((fi_logger *)self)->cfg;
+    if (ring_mode((fi_logger *)self) == RING_DISK)
+        return Py_BuildValue(
+            "(NN)",
+            PyUnicode_FromFormat("Only the last %lld calls are kept on disk "
+                                 "(FLASHINFER_DUMP_RING): each new call replaces the oldest.",
+                                 c->ring),
+            PyUnicode_FromFormat("  ring: %lld call directories", c->ring));
+    if (ring_mode((fi_logger *)self) == RING_NONE)
+        Py_RETURN_NONE;
+    char budget[32];
+    snprintf(budget, sizeof budget, "%g", c->ring_max_gb);
+    return Py_BuildValue(
+        "(NN)",
+        PyUnicode_FromFormat("The last %lld calls are kept in memory and written to disk when a "
+                             "trigger of FLASHINFER_DUMP_ON fires.",
+                             c->ring),
+        PyUnicode_FromFormat("  ring: %lld calls in memory, budget %s GB, at most %lld trigger(s)",
+                             c->ring, budget, c->max_triggers));
+}
+
+static PyMethodDef ring_methods[] = {
+    {"ring_banner", ring_banner, METH_NOARGS, ring_banner_doc},
+    {"dump_ring", dump_ring, METH_VARARGS, dump_ring_doc},
+    {"ring_bytes", ring_bytes, METH_NOARGS, ring_bytes_doc},
+    {NULL},
+};
+
 static PyMethodDef graph_methods[] = {
     {"flush_graph_dumps", (PyCFunction)(void (*)(void))flush_graph_dumps, METH_FASTCALL,
      flush_graph_dumps_doc},
@@ -823,4 +1084,9 @@ static PyMethodDef graph_methods[] = {
     {NULL},
 };
 
-int fi_dump_exec(PyObject *module) { return fi_logger_add_methods(module, graph_methods); }
+int fi_dump_exec(PyObject *module)
+{
+    if (fi_logger_add_methods(module, ring_methods) < 0)
+        return -1;
+    return fi_logger_add_methods(module, graph_methods);
+}

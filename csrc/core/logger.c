@@ -8,6 +8,7 @@
 #include "format_json.h"
 #include "json.h"
 #include "module.h"
+#include "ring.h"
 
 static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
 {
@@ -71,6 +72,7 @@ static void logger_dealloc(fi_logger *lg)
     fi_sink_close(&lg->sink);
     if (lg->session_fd >= 0)
         close(lg->session_fd);
+    fi_ring_free(lg->ring);
     fi_config_free(&lg->cfg);
     tp->tp_free(lg);
     Py_DECREF(tp);

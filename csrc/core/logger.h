@@ -28,6 +28,8 @@ typedef struct {
     int dump_root_ready;
     int session_fd;         /* DUMP_DIR/session.jsonl, opened on first use */
     long long json_call_id; /* JSON log: the last call's id (pairs its call/return lines) */
+    struct fi_ring *ring;   /* FLASHINFER_DUMP_RING: made at the first dumped call */
+    int ring_warned;        /* the "call larger than the ring's budget" warning was given */
 } fi_logger;
 
 /* Borrowed; valid while the module lives. */

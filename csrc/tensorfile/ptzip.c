@@ -98,7 +98,8 @@ static int write_tensor_record(fi_out *o, record *rec, size_t index, const fi_sa
     if (write_local_header(o, rec, 0) < 0)
         return -1;
     uint32_t crc = 0;
-    if (fi_out_write_dense(o, s, rec->size, &crc) < 0)
+    /* a ring image's CRCs are filled in when (if ever) it is written out */
+    if (fi_out_write_dense(o, s, rec->size, o->defer_crc ? NULL : &crc) < 0)
         return -1;
     rec->crc = crc;
     if (crc == 0)
@@ -208,6 +209,60 @@ int fi_ptzip_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const char *p
     rc = rc < 0 ? -1 : write_central(o, recs, r);
     free(recs);
     return rc;
+}
+
+/* The zip64 extra field of a central record: the 64-bit size and local header offset
+ * where the 32-bit fields hold ZIP32_MAX (in that order, as write_central puts them). */
+static void central_sizes(const uint8_t *c, uint64_t *size, uint64_t *off)
+{
+    *size = get32(c + 24);
+    *off = get32(c + 42);
+    const uint8_t *x = c + 46 + get16(c + 28);
+    if (get16(c + 30) < 4 || get16(x) != 1)
+        return;
+    const uint8_t *f = x + 4;
+    if (*size == ZIP32_MAX) {
+        *size = get64(f);
+        f += 16;
+    }
+    if (*off == ZIP32_MAX)
+        *off = get64(f);
+}
+
+/* Async-signal-safe (pure computation over d): no allocation, no locks. */
+int fi_ptzip_fill_crcs(uint8_t *d, size_t size)
+{
+    if (size < 98 || get32(d + size - 22) != 0x06054b50 || get32(d + size - 42) != 0x07064b50)
+        return -1;
+    uint64_t z64 = get64(d + size - 42 + 8);
+    if (z64 > size - 56 || get32(d + z64) != 0x06064b50)
+        return -1;
+    uint64_t count = get64(d + z64 + 32), cd_size = get64(d + z64 + 40), p = get64(d + z64 + 48);
+    if (p > size || cd_size > size - p)
+        return -1;
+    uint64_t cd_end = p + cd_size;
+    for (uint64_t i = 0; i < count; i++) {
+        uint8_t *c = d + p;
+        if (p + 46 > cd_end || get32(c) != 0x02014b50)
+            return -1;
+        uint64_t next = p + 46 + get16(c + 28) + get16(c + 30) + get16(c + 32);
+        if (next > cd_end)
+            return -1;
+        uint64_t rsize, off;
+        central_sizes(c, &rsize, &off);
+        if (get32(c + 16) == 0 && rsize > 0) {
+            if (off > size - 30)
+                return -1;
+            uint64_t data = off + 30 + get16(d + off + 26) + get16(d + off + 28);
+            if (data > size || rsize > size - data)
+                return -1;
+            uint32_t crc = fi_crc32(0, d + data, (size_t)rsize);
+            put32(c + 16, crc);
+            put32(d + off + 14, crc);
+        }
+        p = next;
+    }
+    return 0;
 }
 
 /* ---- reader ---- */

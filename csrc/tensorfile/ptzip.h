@@ -11,6 +11,10 @@
 int fi_ptzip_write(fi_out *o, const fi_saved_tensor *ts, size_t n, const char *pickle,
                    size_t pickle_len);
 
+/* Fills in the CRCs an archive written with o->defer_crc left at 0 (the archive
+ * d[0..size) in memory). Async-signal-safe. -1 when d is not such an archive. */
+int fi_ptzip_fill_crcs(uint8_t *d, size_t size);
+
 /* Nonzero when data looks like a zip archive (local header or empty-archive magic). */
 int fi_ptzip_sniff(const uint8_t *data, size_t size);
 

@@ -24,13 +24,18 @@ typedef struct {
     fi_stats *stats;     /* not NULL: fi_out_write_dense takes the level-5 statistics too */
 } fi_saved_tensor;
 
-/* Output file: errors latch into err (an errno value) so writers run without the GIL. */
+/* Output file: errors latch into err (an errno value) so writers run without the GIL.
+ * With mem set the "file" is mem[0..mem_cap) instead of fd (the flight recorder's file
+ * images); writing past mem_cap fails with ENOSPC. */
 typedef struct {
     int fd;
     uint64_t pos;
     int err;
     char *stage; /* small-write staging buffer */
     size_t stage_len, stage_cap;
+    char *mem;
+    size_t mem_cap;
+    int defer_crc; /* .pt tensor records get CRC 0, filled in later (fi_ptzip_fill_crcs) */
 } fi_out;
 
 int fi_out_write(fi_out *o, const void *p, size_t n);

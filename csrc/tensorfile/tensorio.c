@@ -172,13 +172,8 @@ static void ask_for_stats(PyObject *dict, fi_saved_tensor *ts, size_t n, fi_stat
             ts[i].stats = &stats[i];
 }
 
-Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
-{
-    return fi_save_tensor_dict_stats(path, dict, format, NULL);
-}
-
-Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
-                                     fi_stats_sink sink)
+/* Collects dict's tensors and builds the format's header (the pickle for .pt). */
+static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, fi_buf *header)
 {
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "tensors must be a dict {str: Tensor}, got %.200s",
@@ -189,21 +184,34 @@ Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int forma
         PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
         return -1;
     }
-    fi_saved_tensor *ts;
-    size_t n;
-    if (collect(dict, &ts, &n) < 0)
+    if (collect(dict, ts, n) < 0)
         return -1;
-    fi_buf header;
-    fi_buf_init(&header);
-    int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(&header, ts, n)
-                                            : fi_pickle_write_tensors(&header, ts, n);
+    fi_buf_init(header);
+    int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(header, *ts, *n)
+                                            : fi_pickle_write_tensors(header, *ts, *n);
     if (r < 0) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
-        fi_buf_free(&header);
-        free_saved(ts, n);
+        fi_buf_free(header);
+        free_saved(*ts, *n);
         return -1;
     }
+    return 0;
+}
+
+Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
+{
+    return fi_save_tensor_dict_stats(path, dict, format, NULL);
+}
+
+Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
+                                     fi_stats_sink sink)
+{
+    fi_saved_tensor *ts;
+    size_t n;
+    fi_buf header;
+    if (prepare(dict, format, &ts, &n, &header) < 0)
+        return -1;
     fi_stats *stats = sink ? PyMem_Calloc(n ? n : 1, sizeof(*stats)) : NULL;
     if (stats)
         ask_for_stats(dict, ts, n, stats);
@@ -224,6 +232,59 @@ Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int forma
         return -1;
     }
     return (Py_ssize_t)written;
+}
+
+/* At least the file's size: the tensor bytes, the header, and per record a generous
+ * bound on the zip headers around it (local + alignment + central, zip64 included). */
+static size_t image_bound(const fi_saved_tensor *ts, size_t n, size_t header_len)
+{
+    size_t bound = header_len + 4096 + (n + 8) * 512;
+    for (size_t i = 0; i < n; i++)
+        bound += (size_t)(ts[i].span_bytes > ts[i].nbytes ? ts[i].span_bytes : ts[i].nbytes);
+    return bound;
+}
+
+Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img)
+{
+    fi_saved_tensor *ts;
+    size_t n;
+    fi_buf header;
+    if (prepare(dict, format, &ts, &n, &header) < 0)
+        return -1;
+    size_t bound = image_bound(ts, n, header.len);
+    if (img->cap < bound) { /* a fresh buffer: the old contents are not needed */
+        free(img->data);
+        img->data = malloc(bound);
+        img->cap = img->data ? bound : 0;
+    }
+    img->len = 0;
+    int err = ENOMEM;
+    if (img->data) {
+        /* the GIL stays held: the flight recorder's ring (the caller) relies on it */
+        fi_out o = {.fd = -1, .mem = img->data, .mem_cap = img->cap, .defer_crc = 1};
+        if (format == FI_FORMAT_SAFETENSORS)
+            fi_safetensors_write(&o, ts, n, header.data, header.len);
+        else
+            fi_ptzip_write(&o, ts, n, header.data, header.len);
+        err = o.err;
+        img->len = err ? 0 : (size_t)o.pos;
+        img->crc_deferred = format == FI_FORMAT_TORCH;
+    }
+    fi_buf_free(&header);
+    free_saved(ts, n);
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return (Py_ssize_t)img->len;
+}
+
+void fi_image_free(fi_image *img)
+{
+    free(img->data);
+    img->data = NULL;
+    img->len = img->cap = 0;
 }
 
 /* ---- loading ---- */

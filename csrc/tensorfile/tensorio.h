@@ -24,6 +24,20 @@ typedef void (*fi_stats_sink)(PyObject *tensor, const fi_stats *stats);
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink);
 
+/* A whole tensor file built in memory: data[0..len), data malloc'd with room for cap. */
+typedef struct {
+    char *data;
+    size_t len, cap;
+    int crc_deferred; /* a .pt image whose CRCs fi_ptzip_fill_crcs fills in */
+} fi_image;
+
+/* Builds the file fi_save_tensor_dict would write for dict into img, reusing its buffer
+ * when it is large enough (the flight recorder's copies taken at call time). A .pt
+ * image's tensor CRCs are left for fi_ptzip_fill_crcs (most images are never written).
+ * Returns the bytes, or -1 with an exception set. fi_image_free releases the buffer. */
+Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img);
+void fi_image_free(fi_image *img);
+
 /* Reads a .pt (PyTorch zip) or .safetensors file into a new dict {str: Tensor}. */
 PyObject *fi_load_tensor_dict(const char *path);
 

@@ -1,0 +1,59 @@
+/* ring.h: the flight recorder's ring (FLASHINFER_DUMP_RING): on disk the last N call
+ * directories; in memory the last N calls as complete file images, written when a trigger fires. */
+#ifndef FI_RING_H
+#define FI_RING_H
+
+#include <stddef.h>
+
+#include "strbuf.h"
+#include "tensorio.h"
+
+typedef struct fi_ring fi_ring;
+
+/* One recorded call of the in-memory ring: its directory's files, built at call time. */
+typedef struct {
+    fi_image inputs, outputs; /* tensor file images (len 0: no file) */
+    fi_buf meta;              /* metadata.jsonl: one line per record */
+    fi_buf trigger_keys;      /* "\"function_name\": ..., \"dump_dir\": ...": for trigger lines */
+} fi_ring_files;
+
+/* A claimed slot: where a call's files go, valid while generation matches. */
+typedef struct {
+    long long index, generation;
+} fi_ring_ticket;
+
+/* A ring of n calls under root; memory rings keep at most budget_gb and fire at most
+ * max_triggers times; ext names the tensor files ("pt"). NULL when out of memory. */
+fi_ring *fi_ring_new(long long n, const char *root, double budget_gb, long long max_triggers,
+                     const char *ext);
+void fi_ring_free(fi_ring *r);
+
+/* Disk ring: dir (copied) is the newest call; the oldest beyond n is deleted, its
+ * metadata.jsonl first so readers never see a partial dump. -1 when out of memory. */
+int fi_ring_disk_push(fi_ring *r, const char *dir);
+
+/* Memory ring: whether calls are still recorded (false once max_triggers fired). */
+int fi_ring_recording(fi_ring *r);
+
+/* Makes room for a call of about bytes tensor bytes (evicting the oldest calls) and
+ * claims the newest slot, named dir, for writing. Returns 0, or 1 when the call alone
+ * exceeds the budget (the slot then gets no tensor files), -1 when out of memory. */
+int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t);
+
+/* The files of a claimed slot, for writing: NULL when the slot was evicted or the
+ * ring fired since (the call is then not recorded). fi_ring_done publishes them. */
+fi_ring_files *fi_ring_open(fi_ring *r, const fi_ring_ticket *t);
+void fi_ring_done(fi_ring *r, const fi_ring_ticket *t);
+
+/* Writes the ring's calls (call order) as dump directories plus a trigger record in
+ * session.jsonl naming trigger and the newest call, then starts the ring again.
+ * Returns the number of calls written, -1 (errno set) when the root cannot be written. */
+int fi_ring_fire(fi_ring *r, const char *trigger);
+
+/* Installs the fatal-signal and SIGUSR1 handlers for r (the newest ring wins); see ring.c. */
+int fi_ring_install_signals(fi_ring *r);
+
+/* Bytes the in-memory ring holds now (test hook). */
+size_t fi_ring_bytes(const fi_ring *r);
+
+#endif

@@ -1,0 +1,36 @@
+"""Decorated APIs for the flight recorder's tests (tests/test_ring*.py): a step that can
+produce NaN, a call that raises, and calls that crash the process."""
+
+import ctypes
+import os
+import signal
+
+from flashinfer.api_logging import flashinfer_api
+
+
+@flashinfer_api
+def step(x, index, nan_at=-1):
+    """``x * 2``, NaN everywhere from call ``nan_at`` on (``index`` counts calls)."""
+    out = x * 2
+    if 0 <= nan_at <= index:
+        out.fill_(float("nan"))
+    return out
+
+
+@flashinfer_api
+def fail(x):
+    """Raises ValueError naming x's shape."""
+    raise ValueError(f"refused {tuple(x.shape)}")
+
+
+@flashinfer_api
+def segfault(x):
+    """Reads address 0 inside a decorated call: SIGSEGV."""
+    return ctypes.string_at(0)
+
+
+@flashinfer_api
+def abort(x):
+    """Ends the process with SIGABRT inside a decorated call."""
+    os.kill(os.getpid(), signal.SIGABRT)
+    return x
