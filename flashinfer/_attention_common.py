@@ -2,10 +2,12 @@
 
 Argument checks, index-tensor copies, scale folding, output allocation, the plan a
 wrapper keeps and the call of ``flashinfer._kernels.attention`` (with stream and thread
-count) live here once. A wrong type raises TypeError, a wrong value ValueError.
+count) live here once. A wrong type raises TypeError, a wrong value ValueError, a value
+FlashInfer accepts that this build cannot honour NotImplementedError.
 """
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +25,12 @@ _DTYPES_BY_NAME = {
     "float": torch.float32,
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
+    "uint8": torch.uint8,
 }
+_LSE_BASES = ("log2", "ln")
+_LSE_LAYOUTS = ("NH", "HN")
+# index arrays with a CPU twin the CUDA glue checks (the order of its host_index)
+_HOST_INDEX_NAMES = ("kv_indices", "kv_last_page_len", "mask_indptr", "v_indptr", "o_indptr")
 
 
 def _expect_tensor(name, value):
@@ -90,30 +97,18 @@ def _index_tensor(name, value):
 
 def _split_paged_kv_cache(paged_kv_cache, kv_layout):
     """(k_cache, v_cache) views from one [num_pages, 2, ...] tensor or a tuple."""
-    if isinstance(paged_kv_cache, torch.Tensor):
-        if paged_kv_cache.dim() != 5 or paged_kv_cache.shape[1] != 2:
-            raise ValueError(
-                f"paged_kv_cache: shape {tuple(paged_kv_cache.shape)} is not supported; "
-                f"accepted: [num_pages, 2, ...] with 5 dimensions ({kv_layout}) or a "
-                "(k_cache, v_cache) tuple"
-            )
-        return paged_kv_cache[:, 0], paged_kv_cache[:, 1]
-    if not isinstance(paged_kv_cache, (tuple, list)):
-        raise TypeError(
-            f"paged_kv_cache: {type(paged_kv_cache).__name__} is not supported; accepted: a "
-            "tensor [num_pages, 2, ...] or a (k_cache, v_cache) tuple"
-        )
-    if len(paged_kv_cache) != 2:
+    if isinstance(paged_kv_cache, torch.Tensor) and paged_kv_cache.dim() != 5:
         raise ValueError(
-            f"paged_kv_cache: {len(paged_kv_cache)} items; accepted: a (k_cache, v_cache) pair"
+            f"paged_kv_cache: shape {tuple(paged_kv_cache.shape)} is not supported; "
+            f"accepted: [num_pages, 2, ...] with 5 dimensions ({kv_layout}) or a "
+            "(k_cache, v_cache) tuple"
         )
-    k_cache, v_cache = paged_kv_cache
-    accepted = "accepted: a 4-dimensional tensor"
+    k_cache, v_cache = _split_pair(paged_kv_cache, kv_layout, "paged_kv_cache")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"paged_kv_cache: {name} is {type(t).__name__}; {accepted}")
         if t.dim() != 4:
-            raise ValueError(f"paged_kv_cache: {name} is {tuple(t.shape)}; {accepted}")
+            raise ValueError(
+                f"paged_kv_cache: {name} is {tuple(t.shape)}; accepted: a 4-dimensional tensor"
+            )
     return k_cache, v_cache
 
 
@@ -122,10 +117,11 @@ def _check_paged_cache(k_cache, kv_layout, num_kv_heads, page_size, head_dim):
         got = (k_cache.shape[1], k_cache.shape[2])
     else:
         got = (k_cache.shape[2], k_cache.shape[1])
-    if got != (page_size, num_kv_heads) or k_cache.shape[3] != head_dim:
+    width = k_cache.shape[3] * (2 if k_cache.dtype == torch.uint8 else 1)  # NVFP4: 2 per byte
+    if got != (page_size, num_kv_heads) or width != head_dim:
         raise ValueError(
             f"paged_kv_cache: page shape (page_size, num_kv_heads, head_dim) is "
-            f"{got + (k_cache.shape[3],)} in layout {kv_layout}; planned "
+            f"{got + (width,)} in layout {kv_layout}; planned "
             f"{(page_size, num_kv_heads, head_dim)}"
         )
 
@@ -180,15 +176,13 @@ def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, cache=None, **kwargs):
     if q.device.type == "cuda":
         # the CPU index arrays are the host twins the C side checks without reading the
         # device copies back (no sync: run() stays capturable in a CUDA graph)
-        host = (qo_indptr, kv_indptr) + tuple(
-            kwargs.get(name) for name in ("kv_indices", "kv_last_page_len", "mask_indptr")
-        )
+        host = (qo_indptr, kv_indptr) + tuple(kwargs.get(name) for name in _HOST_INDEX_NAMES)
         kwargs["host_index"] = tuple(
             t if isinstance(t, torch.Tensor) and t.device.type == "cpu" else None for t in host
         )
         qo_indptr = _on_device("qo_indptr", qo_indptr, q.device, cache)
         kv_indptr = _on_device("kv_indptr", kv_indptr, q.device, cache)
-        for name in ("kv_indices", "kv_last_page_len", "mask", "mask_indptr"):
+        for name in ("mask",) + _HOST_INDEX_NAMES:
             if kwargs.get(name) is not None:
                 kwargs[name] = _on_device(name, kwargs[name], q.device, cache)
         kwargs["stream"] = torch.cuda.current_stream(q.device).cuda_stream
@@ -274,8 +268,9 @@ def _check_page_size(page_size):
 
 
 def _plan_dtypes(q_data_type, kv_data_type, data_type=None, o_data_type=None):
-    """(q, kv, output) dtypes of a plan; kv falls back to data_type, then q; output to q."""
-    q_dtype = _as_dtype("q_data_type", q_data_type)
+    """(q, kv, output) dtypes of a plan; q and kv fall back to data_type, kv then to q;
+    output to q."""
+    q_dtype = _as_dtype("q_data_type", data_type if q_data_type is None else q_data_type)
     kv_dtype = _as_dtype("kv_data_type", kv_data_type)
     if kv_dtype is None:
         kv_dtype = _as_dtype("data_type", data_type)
@@ -293,8 +288,10 @@ class _Plan:
     ``_common_kwargs``'s keyword arguments of the kernel, ``sm_scale`` not yet folded.
     ``plan()`` sets ``kv_indptr`` after the common checks; a paged plan also sets
     ``page_size``, ``kv_indices`` and ``kv_last_page_len``, a prefill plan its packed
-    mask and ``causal``. ``device_copies`` caches the index arrays moved to a CUDA device
-    (``_on_device``), so they are copied once, not per run.
+    mask and ``causal``, a ragged plan ``v_indptr`` / ``o_indptr`` when given.
+    ``kv_chunk`` is the split-KV hint (``_split_hint``). ``device_copies`` caches the
+    index arrays moved to a CUDA device (``_on_device``), so they are copied once, not
+    per run.
     """
 
     qo_indptr: torch.Tensor
@@ -312,11 +309,18 @@ class _Plan:
     mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
     causal: bool = False
+    v_indptr: torch.Tensor | None = None
+    o_indptr: torch.Tensor | None = None
+    kv_chunk: int = 0
     device_copies: dict = field(default_factory=dict)
 
     @property
     def batch_size(self):
         return self.qo_indptr.numel() - 1
+
+    @property
+    def qo_rows(self):
+        return int(self.qo_indptr[-1])
 
 
 def _init_wrapper(wrapper, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit):
@@ -328,6 +332,111 @@ def _init_wrapper(wrapper, float_workspace_buffer, kv_layout, use_cuda_graph, ba
     wrapper._use_cuda_graph = use_cuda_graph
     wrapper._backend = backend
     wrapper._plan = None
+
+
+def _not_implemented(name, value, accepted):
+    """NotImplementedError for a FlashInfer argument value this build cannot honour."""
+    raise NotImplementedError(
+        f"{name}: {value!r} is not implemented in flashinfer-c; accepted: {accepted}"
+    )
+
+
+def _refuse_unless(name, value, accepted_values, accepted_text):
+    if value not in accepted_values:
+        _not_implemented(name, value, accepted_text)
+
+
+def _split_hint(fixed_split_size, disable_split_kv, page_size):
+    """The kernel's kv_chunk from FlashInfer's split-KV hints: -1 never split (disable),
+    keys per split (fixed_split_size pages of page_size), 0 the kernel's choice."""
+    if disable_split_kv:
+        return -1
+    if fixed_split_size is None or fixed_split_size == -1:
+        return 0
+    if isinstance(fixed_split_size, bool) or not isinstance(fixed_split_size, int):
+        raise TypeError(f"fixed_split_size: expected an int, got {type(fixed_split_size).__name__}")
+    if fixed_split_size < 1:
+        raise ValueError(
+            f"fixed_split_size: {fixed_split_size} is not accepted; accepted: pages >= 1, "
+            "or -1/None (the kernel chooses)"
+        )
+    return fixed_split_size * page_size
+
+
+def _lengths(indptr):
+    return (indptr[1:] - indptr[:-1]).tolist()
+
+
+def _paged_kv_lens(indptr, last_page_len, page_size):
+    pages = _lengths(indptr)
+    last = last_page_len.tolist()
+    return [0 if n == 0 else (n - 1) * page_size + last[i] for i, n in enumerate(pages)]
+
+
+def _page_table(indptr, indices, last_page_len, page_size, block_tables, seq_lens):
+    """The page table (indptr, indices, last_page_len) a plan runs on.
+
+    ``seq_lens`` (each request's KV length) and ``block_tables`` (``[batch, max_pages]``
+    page ids) are the inputs of FlashInfer's trtllm-gen/cuDNN backends; when given they
+    decide, as there: request b holds ``seq_lens[b]`` keys in the pages
+    ``block_tables[b, :ceil(seq_lens[b] / page_size)]`` (without block_tables, the first
+    pages of its indptr range).
+    """
+    if block_tables is None and seq_lens is None:
+        return indptr, indices, last_page_len
+    batch = indptr.numel() - 1
+    if seq_lens is None:
+        lens = _paged_kv_lens(indptr, last_page_len, page_size)
+    else:
+        lens = _index_tensor("seq_lens", seq_lens).tolist()
+        if len(lens) != batch or min(lens, default=0) < 0:
+            raise ValueError(
+                f"seq_lens: {lens[:8]}... for {batch} requests; accepted: batch_size lengths >= 0"
+            )
+    need = [(n + page_size - 1) // page_size for n in lens]
+    if block_tables is None:
+        have = _lengths(indptr)
+        starts = indptr[:-1].tolist()
+        rows = [indices[a : a + n] for a, n in zip(starts, need)]
+        source = "paged_kv_indptr"
+    else:
+        _expect_tensor("block_tables", block_tables)
+        if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+            raise ValueError(
+                f"block_tables: shape {tuple(block_tables.shape)}; accepted: "
+                f"[batch_size = {batch}, max_num_pages]"
+            )
+        table = block_tables.to(device="cpu", dtype=torch.int32)
+        have = [table.shape[1]] * batch
+        rows = [table[b, :n] for b, n in enumerate(need)]
+        source = "block_tables"
+    for b, (n, h) in enumerate(zip(need, have)):
+        if n > h:
+            raise ValueError(
+                f"seq_lens[{b}] = {lens[b]} needs {n} pages of {page_size}; {source} gives "
+                f"request {b} only {h}"
+            )
+    new_indptr = torch.tensor([0] + need, dtype=torch.int64).cumsum(0).to(torch.int32)
+    new_indices = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int32)
+    last = torch.tensor([(n - 1) % page_size + 1 if n else 0 for n in lens], dtype=torch.int32)
+    return new_indptr, new_indices.to(torch.int32).contiguous(), last
+
+
+def _check_at_least(name, value, actual, what):
+    """max_token_per_sequence / max_sequence_kv: bounds the batch must fit."""
+    if value is not None and value < actual:
+        raise ValueError(f"{name}: {value} is below the batch's longest {what}, {actual}")
+
+
+def _check_same_lengths(name, value, lengths):
+    """seq_lens / seq_lens_q where they may only repeat what the indptrs say."""
+    if value is None:
+        return
+    got = _index_tensor(name, value).tolist()
+    if got != list(lengths):
+        _not_implemented(
+            name, got[:8], f"None or the lengths the indptrs give ({list(lengths)[:8]})"
+        )
 
 
 def _planned(wrapper, args):
@@ -346,12 +455,62 @@ def _check_planned_q(plan, q, want, sizes):
     _check_planned_dtype("q", q, plan.q_dtype, "q_data_type")
 
 
-def _run_outputs(q, out, lse, return_lse, dtype):
-    """(out, lse) for run(): the given ones checked, else new; lse only when wanted."""
+def _run_outputs(q, out, lse, return_lse, dtype, lse_layout="NH"):
+    """(out, lse view the kernel writes [rows, heads], lse to return) for run(): the given
+    ones checked, else new; lse only when wanted. lse_layout "HN" keeps lse as the
+    contiguous [heads, rows] FlashInfer returns; the kernel writes it through a view."""
     out = _output("out", out, q.shape, dtype, q.device)
-    if return_lse or lse is not None:
-        lse = _output("lse", lse, q.shape[:2], torch.float32, q.device)
-    return out, lse
+    if not (return_lse or lse is not None):
+        return out, None, None
+    rows, heads = q.shape[0], q.shape[1]
+    if _check_choice("lse_layout", lse_layout, _LSE_LAYOUTS) == "HN":
+        lse = _output("lse", lse, (heads, rows), torch.float32, q.device)
+        return out, lse.t(), lse
+    lse = _output("lse", lse, (rows, heads), torch.float32, q.device)
+    return out, lse, lse
+
+
+def _finish_lse(lse, lse_base):
+    """The kernel writes base-2 lse; "ln" is the natural log FlashInfer also returns."""
+    if _check_choice("lse_base", lse_base, _LSE_BASES) == "ln" and lse is not None:
+        lse.mul_(math.log(2.0))
+    return lse
+
+
+def _split_pair(value, kv_layout, what):
+    """(k part, v part) of a paged cache or its scales: one [P, 2, ...] tensor or a pair."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() < 2 or value.shape[1] != 2:
+            raise ValueError(
+                f"{what}: shape {tuple(value.shape)} is not supported; accepted: "
+                f"[num_pages, 2, ...] ({kv_layout}) or a (k_cache, v_cache) tuple"
+            )
+        return value[:, 0], value[:, 1]
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(
+            f"{what}: {type(value).__name__} is not supported; accepted: a tensor "
+            "[num_pages, 2, ...] or a (k_cache, v_cache) tuple"
+        )
+    if len(value) != 2:
+        raise ValueError(f"{what}: {len(value)} items; accepted: a (k_cache, v_cache) pair")
+    for t in value:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: an item is {type(t).__name__}; accepted: tensors")
+    return value[0], value[1]
+
+
+def _kv_scales(kv_cache_sf, kv_layout, k):
+    """(k_sf, v_sf) of an NVFP4 KV cache (uint8 k), or (None, None); FlashInfer's rules."""
+    if kv_cache_sf is None:
+        if k.dtype == torch.uint8:
+            raise ValueError("kv_cache_sf must be provided for NVFP4 KV cache.")
+        return None, None
+    if k.dtype != torch.uint8:
+        raise ValueError(
+            f"kv_cache_sf: given for a KV cache of dtype {k.dtype}; NVFP4 KV is uint8 "
+            "(two E2M1 values per byte)"
+        )
+    return _split_pair(kv_cache_sf, kv_layout, "kv_cache_sf")
 
 
 def _paged_kv(plan, kv_layout, paged_kv_cache):
@@ -371,8 +530,24 @@ def _run_kwargs(plan, window_left, q_scale, k_scale):
     return kw
 
 
-def _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw):
-    """Runs the kernel on a plan (its index arrays and mask); out, and lse when asked."""
+def _refuse_run_extras(
+    skip_softmax_threshold_scale_factor=None, use_fp16_softmax=None, uses_spcompress=None
+):
+    """run() options of FlashInfer's trtllm-gen kernels, which change the arithmetic in
+    ways these kernels do not reproduce: only their off values are accepted."""
+    _refuse_unless(
+        "skip_softmax_threshold_scale_factor",
+        skip_softmax_threshold_scale_factor,
+        (None,),
+        "None (exact softmax)",
+    )
+    _refuse_unless("use_fp16_softmax", use_fp16_softmax, (None, False), "None or False")
+    _refuse_unless("uses_spcompress", uses_spcompress, (None, False), "None or False")
+
+
+def _run_planned(plan, q, k, v, out, lse, v_scale, kw, **extras):
+    """Runs the kernel on a plan (its index arrays, mask and split hint) into out and lse;
+    extras are run()'s own kernel arguments (sinks, k_sf, v_sf)."""
     _attention(
         q,
         k,
@@ -387,7 +562,34 @@ def _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw):
         mask=plan.mask,
         mask_indptr=plan.mask_indptr,
         causal=plan.causal,
-        v_scale=_scale_value("v_scale", v_scale),
+        v_indptr=plan.v_indptr,
+        o_indptr=plan.o_indptr,
+        kv_chunk=plan.kv_chunk,
+        v_scale=v_scale,
+        **extras,
         **kw,
     )
-    return (out, lse) if return_lse else out
+
+
+def _deprecated_positional(api_name, args, names, kwargs):
+    """FlashInfer's plan(): optional arguments after page_size may still come positionally,
+    with a DeprecationWarning; they join kwargs under their names."""
+    if not args:
+        return kwargs
+    if len(args) > len(names):
+        raise TypeError(
+            f"{api_name}.plan() accepts at most {len(names)} deprecated optional positional "
+            f"arguments after page_size; got {len(args)}"
+        )
+    merged = dict(kwargs)
+    for name, value in zip(names, args):
+        if name in merged:
+            raise TypeError(f"{api_name}.plan() got multiple values for argument {name!r}")
+        merged[name] = value
+    warnings.warn(
+        f"Passing optional arguments to {api_name}.plan() positionally is deprecated; pass "
+        "them as keyword arguments instead.",
+        DeprecationWarning,
+        stacklevel=4,
+    )
+    return merged

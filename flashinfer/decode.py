@@ -4,6 +4,8 @@ The computation runs in C (``flashinfer._kernels.attention``); this module check
 FlashInfer-shaped arguments, allocates outputs and keeps the wrapper plans.
 """
 
+import warnings
+
 import torch
 
 from ._attention_common import (
@@ -12,18 +14,25 @@ from ._attention_common import (
     _check_page_size,
     _check_planned_q,
     _common_kwargs,
+    _deprecated_positional,
     _index_tensor,
     _init_wrapper,
+    _kv_scales,
+    _not_implemented,
+    _page_table,
     _paged_kv,
     _Plan,
     _plan_dtypes,
     _planned,
+    _refuse_run_extras,
+    _refuse_unless,
     _run_kwargs,
     _run_outputs,
     _run_planned,
     _run_single,
     _scale_value,
     _single_kwargs,
+    _split_hint,
 )
 from .api_logging import flashinfer_api
 
@@ -107,6 +116,27 @@ def single_decode_with_kv_cache(
     return (out, lse[0]) if return_lse else out
 
 
+# plan()'s optional arguments in FlashInfer's order, for its deprecated positional form
+_PLAN_POSITIONAL = (
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "o_data_type",
+    "data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "non_blocking",
+    "block_tables",
+    "seq_lens",
+    "fixed_split_size",
+    "disable_split_kv",
+    "q_len_per_req",
+)
+
+
 class BatchDecodeWithPagedKVCacheWrapper:
     """Batched decode attention over a paged KV cache: ``plan`` once, ``run`` per step.
 
@@ -117,11 +147,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
     kv_layout : str
         ``"NHD"`` or ``"HND"``.
     use_cuda_graph, use_tensor_cores : bool
-        Accepted for compatibility.
+        Accepted for compatibility (several queries per request need no tensor cores here).
     paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer
         Accepted for compatibility (CUDA-graph buffers).
     backend : str
         Accepted for compatibility.
+    jit_args : list, optional
+        JIT custom modules are not supported: only None.
     """
 
     @flashinfer_api
@@ -136,10 +168,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         paged_kv_last_page_len_buffer=None,
         backend="auto",
         jit_args=None,
-        jit_kwargs=None,
     ):
         _init_wrapper(
-            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, jit_kwargs)
+            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, None)
         )
         self._use_tensor_cores = use_tensor_cores
 
@@ -153,18 +184,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         num_kv_heads,
         head_dim,
         page_size,
-        pos_encoding_mode="NONE",
-        window_left=-1,
-        logits_soft_cap=None,
-        q_data_type="float16",
-        kv_data_type=None,
-        data_type=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        non_blocking=True,
+        *deprecated_positional_args,
+        **kwargs,
     ):
         """Records the batch's page table and attention settings for later ``run`` calls.
+
+        The optional arguments are keyword arguments (FlashInfer still takes them
+        positionally after ``page_size``, in the order below, with a DeprecationWarning).
 
         Parameters
         ----------
@@ -178,11 +204,68 @@ class BatchDecodeWithPagedKVCacheWrapper:
             Problem sizes (num_qo_heads a multiple of num_kv_heads; head_dim 64/128/256).
         pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
             As in :func:`single_decode_with_kv_cache`.
+        window_right : int
+            Only 0 (FlashInfer's default; other values are cute-dsl only).
         q_data_type, kv_data_type, data_type : torch.dtype or str
-            Expected dtypes of q and the KV cache (``data_type`` is the older name).
+            Expected dtypes of q and the KV cache (``data_type`` is the older name;
+            ``"uint8"`` KV is NVFP4 with ``kv_cache_sf`` at run time).
+        o_data_type : torch.dtype or str, optional
+            Output dtype, default q's.
         non_blocking : bool
             Accepted for compatibility.
+        block_tables, seq_lens : torch.Tensor, optional
+            ``[batch_size, max_pages]`` page ids and ``[batch_size]`` KV lengths; when
+            given they decide the pages and lengths, as in FlashInfer's trtllm-gen backend.
+        fixed_split_size : int, optional
+            Pages per KV split of the CUDA kernel (deterministic splitting); -1/None: the
+            kernel chooses. The CPU kernel ignores it.
+        disable_split_kv : bool
+            No KV split (CUDA).
+        q_len_per_req : int
+            Query tokens per request (default 1); above 1 they attend causally within the
+            request, q then has ``batch_size * q_len_per_req`` rows.
+        is_causal : bool, optional
+            Only the value q_len_per_req implies (None: derived).
         """
+        kw = _deprecated_positional(
+            "BatchDecodeWithPagedKVCacheWrapper",
+            deprecated_positional_args,
+            _PLAN_POSITIONAL,
+            kwargs,
+        )
+        self._plan_impl(
+            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kw
+        )
+
+    def _plan_impl(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        *,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        window_right=0,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking=True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        q_len_per_req=1,
+        is_causal=None,
+    ):
         indptr = _index_tensor("indptr", indptr)
         indices = _index_tensor("indices", indices)
         last_page_len = _index_tensor("last_page_len", last_page_len)
@@ -195,6 +278,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _check_heads(num_qo_heads, num_kv_heads)
         _check_head_dim("head_dim", head_dim)
         _check_page_size(page_size)
+        _refuse_unless("window_right", window_right, (0,), "0")
+        if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
+            raise ValueError(f"q_len_per_req: {q_len_per_req!r}; accepted: an int >= 1")
+        if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):
+            _not_implemented("is_causal", is_causal, "None or q_len_per_req > 1")
+        indptr, indices, last_page_len = _page_table(
+            indptr, indices, last_page_len, page_size, block_tables, seq_lens
+        )
         kw = _common_kwargs(
             self._kv_layout,
             pos_encoding_mode,
@@ -204,19 +295,22 @@ class BatchDecodeWithPagedKVCacheWrapper:
             rope_scale,
             rope_theta,
         )
-        q_dtype, kv_dtype, _ = _plan_dtypes(q_data_type, kv_data_type, data_type)
+        q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
         self._plan = _Plan(
-            qo_indptr=torch.arange(batch_size + 1, dtype=torch.int32),
+            qo_indptr=torch.arange(batch_size + 1, dtype=torch.int32) * q_len_per_req,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
             q_dtype=q_dtype,
             kv_dtype=kv_dtype,
             settings=kw,
+            o_dtype=o_dtype,
             kv_indptr=indptr,
             page_size=page_size,
             kv_indices=indices,
             kv_last_page_len=last_page_len,
+            causal=q_len_per_req > 1,
+            kv_chunk=_split_hint(fixed_split_size, disable_split_kv, page_size),
         )
 
     @flashinfer_api
@@ -233,40 +327,95 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return_lse=False,
         enable_pdl=None,
         window_left=None,
+        sinks=None,
+        q_len_per_req=None,
+        skip_softmax_threshold_scale_factor=None,
+        kv_cache_sf=None,
     ):
         """Decode attention for the planned batch.
 
         Parameters
         ----------
         q : torch.Tensor
-            ``[batch_size, num_qo_heads, head_dim]``.
+            ``[batch_size * q_len_per_req, num_qo_heads, head_dim]``.
         paged_kv_cache : torch.Tensor or tuple of torch.Tensor
             ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD; HND swaps
-            page_size and num_kv_heads) or a ``(k_cache, v_cache)`` tuple.
+            page_size and num_kv_heads) or a ``(k_cache, v_cache)`` tuple; uint8 with
+            ``head_dim // 2`` for NVFP4 (with ``kv_cache_sf``).
         q_scale, k_scale, v_scale : float or torch.Tensor, optional
-            Scales for quantized inputs.
+            Scales for quantized inputs: q and k scales multiply ``sm_scale``, v's the output.
         out, lse : torch.Tensor, optional
-            Preallocated outputs (``[batch_size, num_qo_heads]`` float32 for lse).
+            Preallocated outputs (``[rows, num_qo_heads]`` float32 for lse).
         return_lse : bool
             Also return lse.
         enable_pdl : bool, optional
             Accepted for compatibility.
         window_left : int, optional
             Overrides the planned ``window_left``.
+        sinks : torch.Tensor, optional
+            float32 ``[num_qo_heads]`` attention-sink logits: each joins its head's softmax
+            denominator (in the units of the scaled logits) and adds no value.
+        q_len_per_req : int, optional
+            Deprecated (give it to ``plan``): checked against q and the plan, with a
+            DeprecationWarning.
+        skip_softmax_threshold_scale_factor : float, optional
+            Only None (skip-softmax sparsity is not implemented).
+        kv_cache_sf : torch.Tensor or tuple of torch.Tensor, optional
+            NVFP4 KV scales, float8_e4m3fn ``[num_pages, page_size, num_kv_heads,
+            head_dim // 16]`` (NHD) each for k and v, as a pair or one ``[num_pages, 2,
+            ...]`` tensor.
 
         Returns
         -------
         torch.Tensor or tuple of torch.Tensor
-            ``out`` ``[batch_size, num_qo_heads, head_dim]``, and lse when asked.
+            ``out`` ``[rows, num_qo_heads, head_dim]`` (dtype o_data_type), and lse when asked.
         """
         plan = _planned(self, args)
+        if q_len_per_req is not None:
+            _check_run_q_len(plan, q, q_len_per_req)
+        _refuse_run_extras(skip_softmax_threshold_scale_factor)
         _check_planned_q(
             plan,
             q,
-            (plan.batch_size, plan.num_qo_heads, plan.head_dim),
-            "(batch_size, num_qo_heads, head_dim)",
+            (plan.qo_rows, plan.num_qo_heads, plan.head_dim),
+            "(batch_size * q_len_per_req, num_qo_heads, head_dim)",
         )
         k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)
+        k_sf, v_sf = _kv_scales(kv_cache_sf, self._kv_layout, k_cache)
         kw = _run_kwargs(plan, window_left, q_scale, k_scale)
-        out, lse = _run_outputs(q, out, lse, return_lse, q.dtype)
-        return _run_planned(plan, q, k_cache, v_cache, out, lse, return_lse, v_scale, kw)
+        out, lse, lse_out = _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype)
+        _run_planned(
+            plan,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+            _scale_value("v_scale", v_scale),
+            kw,
+            sinks=sinks,
+            k_sf=k_sf,
+            v_sf=v_sf,
+        )
+        return (out, lse_out) if return_lse else out
+
+
+def _check_run_q_len(plan, q, q_len_per_req):
+    """FlashInfer's deprecated run(q_len_per_req=): a warning, and checks against q and plan."""
+    warnings.warn(
+        "Passing `q_len_per_req` to BatchDecodeWithPagedKVCacheWrapper.run() is deprecated; "
+        "pass it to plan() instead.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    want = plan.batch_size * q_len_per_req
+    if isinstance(q, torch.Tensor) and q.dim() >= 1 and q.shape[0] != want:
+        raise ValueError(
+            f"q.shape[0] ({q.shape[0]}) does not match batch_size * q_len_per_req "
+            f"({plan.batch_size} * {q_len_per_req} = {want})"
+        )
+    if want != plan.qo_rows:
+        raise ValueError(
+            f"q_len_per_req: {q_len_per_req} but plan() used "
+            f"{plan.qo_rows // max(plan.batch_size, 1)}; re-plan with the matching q_len_per_req"
+        )

@@ -9,13 +9,57 @@ MXFP4 (``sf_use_ue8m0=True``): ``sf`` is the smallest power of two >= ``global_s
 """
 
 import enum
+import os
 
 import torch
 
 from . import _kernels
 from .api_logging import flashinfer_api
+from .utils import CPU_REQUIREMENT, CUDA_KERNEL_REQUIREMENT, backend_requirement
 
-_BACKENDS = ("cuda", "cute-dsl")
+_BACKENDS = ("cuda", "cute-dsl", "cpu")
+_NVFP4_BACKENDS = ("cuda", "cute-dsl", "cake", "cpu")
+
+
+class _UnsetType:
+    """The default of ``nvfp4_4over6``: not passed (FlashInfer then reads the
+    ``FLASHINFER_NVFP4_4OVER6`` environment variable)."""
+
+    def __repr__(self):
+        return "<nvfp4_4over6 unset: read FLASHINFER_NVFP4_4OVER6*>"
+
+    def __reduce__(self):
+        return "_UNSET"
+
+
+_UNSET = _UnsetType()
+
+
+def _check_4over6(nvfp4_4over6, mxfp4):
+    """Only the plain recipe is implemented: 4over6 off (None), or omitted with
+    FLASHINFER_NVFP4_4OVER6 not "1"."""
+    if nvfp4_4over6 is None:
+        return
+    if nvfp4_4over6 is _UNSET:
+        if not mxfp4 and os.environ.get("FLASHINFER_NVFP4_4OVER6") == "1":
+            raise NotImplementedError(
+                "nvfp4_4over6: FLASHINFER_NVFP4_4OVER6=1 asks for the NVFP4 4over6 scale "
+                "search, which is not implemented; unset it or pass nvfp4_4over6=None"
+            )
+        return
+    if mxfp4:
+        raise ValueError("nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, sf_use_ue8m0=False)")
+    raise NotImplementedError(
+        f"nvfp4_4over6: {nvfp4_4over6!r} (the 4over6 scale search) is not implemented; "
+        "accepted: None or omitted"
+    )
+
+
+def _stream(x):
+    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+
+
+_QUANTIZE_BACKENDS = {"cuda": CUDA_KERNEL_REQUIREMENT, "cute-dsl": CUDA_KERNEL_REQUIREMENT}
 
 
 class SfLayout(enum.IntEnum):
@@ -63,7 +107,7 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
         int(layout),
         bool(inversed),
         max(1, torch.get_num_threads()),
-        torch.cuda.current_stream(input.device).cuda_stream if input.is_cuda else 0,
+        _stream(input),
     )
     x_q = x_q.reshape(*input.shape[:-1], k // 2)
     if kblocks and sf.numel() % kblocks == 0:
@@ -73,7 +117,56 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
     return x_q, sf
 
 
+def _quantize_per_token(a, scale_inv, layout, row_map, out_scale):
+    """NVFP4 with one scale per row: (x_q, sf [padded rows, padded blocks], per-token scales).
+
+    Row r's scale is ``amax(|a[r]|) * scale_inv`` (times ``out_scale`` as returned); the
+    row is quantized with the global scale ``1 / that`` (before ``out_scale``). With
+    ``row_map``, only rows ``row_map[i] >= 0`` (i < m) are quantized; the others are zero.
+    """
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
+    if a.dim() != 2:
+        raise ValueError(f"a: per-token quantization takes a 2-D [m, k] tensor, got {a.dim()}-D")
+    if not isinstance(scale_inv, torch.Tensor):
+        scale_inv = torch.tensor([float(scale_inv)], dtype=torch.float32)
+    scale_inv = scale_inv.to(device=a.device, dtype=torch.float32)
+    if out_scale is not None:
+        out_scale = out_scale.to(device=a.device, dtype=torch.float32)
+    if row_map is not None:
+        if not isinstance(row_map, torch.Tensor):
+            raise TypeError(
+                f"expanded_idx_to_permuted_idx must be a torch.Tensor, got {type(row_map).__name__}"
+            )
+        row_map = row_map.to(a.device)
+    m, k = a.shape
+    cols = k // 16 if k % 16 == 0 else 0
+    padded_cols = cols if layout == SfLayout.layout_linear else (cols + 3) // 4 * 4
+    x_q = torch.zeros((m, k // 2), dtype=torch.uint8, device=a.device)
+    sf = torch.zeros(_sf_bytes(m, cols, layout), dtype=torch.uint8, device=a.device)
+    per_token = torch.zeros(m, dtype=torch.float32, device=a.device)
+    _kernels.fp4_quantize(
+        a,
+        scale_inv,
+        x_q,
+        sf,
+        16,
+        False,
+        int(layout),
+        False,
+        max(1, torch.get_num_threads()),
+        _stream(a),
+        per_token,
+        out_scale,
+        row_map,
+    )
+    return x_q, sf.reshape(-1, padded_cols) if padded_cols else sf, per_token
+
+
+# The logged call checks its backend, as FlashInfer's quantizers do (an unknown backend is
+# recorded and replays as the same error).
 @flashinfer_api
+@backend_requirement({**_QUANTIZE_BACKENDS, "cpu": CPU_REQUIREMENT})
 def fp4_quantize(
     input,
     global_scale=None,
@@ -84,6 +177,7 @@ def fp4_quantize(
     is_global_scale_inversed=False,
     enable_pdl=None,
     backend="cuda",
+    nvfp4_4over6=_UNSET,
 ):
     """Quantize ``input`` to packed FP4 with block scale factors.
 
@@ -108,8 +202,12 @@ def fp4_quantize(
     enable_pdl : bool, optional
         Accepted for compatibility (a CUDA launch option).
     backend : str, optional
-        ``"cuda"`` (FlashInfer's name): the kernel of the input's device runs (CPU, or
-        CUDA on the device's current stream, bit-identical results).
+        ``"cuda"`` or ``"cute-dsl"`` (FlashInfer's names) or ``"cpu"``: the kernel of the
+        input's device runs (CPU, or CUDA on the device's current stream, bit-identical
+        results). ``fp4_quantize.is_backend_supported(backend, cc)`` answers for this build.
+    nvfp4_4over6 : None, optional
+        FlashInfer's 4over6 scale search: only off is implemented (``None``, or omitted
+        without ``FLASHINFER_NVFP4_4OVER6=1``); anything else raises NotImplementedError.
 
     Returns
     -------
@@ -117,6 +215,8 @@ def fp4_quantize(
         ``(x_q, sf)``: uint8 ``[..., m, k // 2]`` (element ``2j`` in the low nibble of byte
         ``j``) and the uint8 scale bytes shaped ``(-1, k // sf_vec_size)``.
     """
+    _check_backend(backend, _BACKENDS, input)
+    _check_4over6(nvfp4_4over6, sf_vec_size != 16 or sf_use_ue8m0)
     return _fp4_quantize(
         input,
         global_scale,
@@ -129,6 +229,13 @@ def fp4_quantize(
     )
 
 
+def _check_backend(backend, accepted, x):
+    if backend not in accepted:
+        raise ValueError(f"backend: {backend!r} is not accepted; expected one of {list(accepted)}")
+    if backend == "cpu" and isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        raise ValueError(f"backend 'cpu' runs CPU tensors; got tensors on {x.device}")
+
+
 def _fp4_quantize(
     input,
     global_scale,
@@ -139,9 +246,8 @@ def _fp4_quantize(
     is_global_scale_inversed,
     backend,
 ):
-    """fp4_quantize without the API decorator (nvfp4_quantize calls it too)."""
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend: {backend!r} is not accepted; expected one of {list(_BACKENDS)}")
+    """fp4_quantize without the API decorator and backend check (nvfp4_quantize calls it
+    too)."""
     if not is_sf_swizzled_layout:
         layout = SfLayout.layout_linear
     elif is_sf_8x4_layout:
@@ -160,7 +266,24 @@ def _fp4_quantize(
     return x_q, sf
 
 
-@flashinfer_api
+def _check_per_token_options(per_token_activation, sf_vec_size, row_map, out_scale):
+    """The per-token options mean nothing without per-token scales (FlashInfer's rule)."""
+    if per_token_activation:
+        if sf_vec_size != 16:
+            raise ValueError("Per-token NVFP4 quantization only supports sf_vec_size=16")
+        return
+    if out_scale is not None:
+        raise ValueError("out_scale is only supported with per_token_activation=True")
+    if row_map is not None:
+        raise ValueError(
+            "expanded_idx_to_permuted_idx is only supported with per_token_activation=True"
+        )
+
+
+@flashinfer_api  # the check inside the logged call, as fp4_quantize
+@backend_requirement(
+    {**_QUANTIZE_BACKENDS, "cake": CUDA_KERNEL_REQUIREMENT, "cpu": CPU_REQUIREMENT}
+)
 def nvfp4_quantize(
     a,
     a_global_sf,
@@ -169,6 +292,10 @@ def nvfp4_quantize(
     sf_vec_size=16,
     enable_pdl=None,
     backend="cuda",
+    per_token_activation=False,
+    expanded_idx_to_permuted_idx=None,
+    out_scale=None,
+    nvfp4_4over6=_UNSET,
 ):
     """Quantize ``a`` to NVFP4: E2M1 values with one E4M3 scale per ``sf_vec_size``.
 
@@ -176,8 +303,9 @@ def nvfp4_quantize(
     ----------
     a : torch.Tensor
         ``[m, k]`` float16, bfloat16 or float32, ``k`` a multiple of 16.
-    a_global_sf : torch.Tensor
-        One float32 value, typically ``448 * 6 / amax(a)``.
+    a_global_sf : torch.Tensor or float
+        One float32 value, typically ``448 * 6 / amax(a)``. With ``per_token_activation``:
+        the inverse base multiplier, typically ``1 / (448 * 6)``.
     sfLayout : SfLayout, optional
         Scale layout: ``layout_128x4`` (default), ``layout_8x4`` or ``layout_linear``.
     do_shuffle : bool, optional
@@ -187,12 +315,28 @@ def nvfp4_quantize(
     enable_pdl : bool, optional
         Accepted for compatibility (a CUDA launch option).
     backend : str, optional
-        ``"cuda"``.
+        ``"cuda"``, ``"cute-dsl"``, ``"cake"`` or ``"cpu"``: the kernel of the input's
+        device runs.
+    per_token_activation : bool, optional
+        One scale per row: ``s[r] = amax(|a[r]|) * a_global_sf``; row ``r`` is quantized
+        with the global scale ``1 / s[r]`` and ``s`` is returned as a third tensor
+        (float32 ``[m]``).
+    expanded_idx_to_permuted_idx : torch.Tensor, optional
+        Per-token only: int32 ``[>= m]``; only rows
+        ``expanded_idx_to_permuted_idx[i] >= 0`` (``i < m``, each at most once) are
+        quantized, the others are left zero.
+    out_scale : torch.Tensor, optional
+        Per-token only: one float32 value multiplying the returned per-token scales (not
+        the quantized values).
+    nvfp4_4over6 : None, optional
+        Only off is implemented, as in :func:`fp4_quantize`.
 
     Returns
     -------
     tuple of torch.Tensor
-        ``(a_fp4, a_sf)``: uint8 ``[m, k // 2]`` and uint8 scales ``(-1, k // 16)``.
+        ``(a_fp4, a_sf)``: uint8 ``[m, k // 2]`` and uint8 scales ``(-1, k // 16)``;
+        per-token: ``(a_fp4, a_sf, per_token_scale)`` with ``a_sf`` shaped
+        ``[padded rows, padded blocks]``.
     """
     if do_shuffle:
         raise NotImplementedError(
@@ -204,6 +348,13 @@ def nvfp4_quantize(
         raise ValueError(
             f"sfLayout: {sfLayout!r} is not a layout; expected one of {[x.name for x in SfLayout]}"
         ) from None
+    _check_backend(backend, _NVFP4_BACKENDS, a)
+    _check_4over6(nvfp4_4over6, False)
+    _check_per_token_options(
+        per_token_activation, sf_vec_size, expanded_idx_to_permuted_idx, out_scale
+    )
+    if per_token_activation:
+        return _quantize_per_token(a, a_global_sf, layout, expanded_idx_to_permuted_idx, out_scale)
     return _fp4_quantize(
         a,
         a_global_sf,

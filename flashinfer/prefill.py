@@ -8,27 +8,37 @@ import torch
 
 from ._attention_common import (
     _as_dtype,
+    _check_at_least,
     _check_head_dim,
     _check_heads,
     _check_page_size,
     _check_planned_dtype,
     _check_planned_q,
+    _check_same_lengths,
     _check_tensor,
     _common_kwargs,
     _expect_tensor,
+    _finish_lse,
     _index_tensor,
     _init_wrapper,
     _kv_len,
+    _kv_scales,
+    _lengths,
+    _page_table,
     _paged_kv,
+    _paged_kv_lens,
     _Plan,
     _plan_dtypes,
     _planned,
+    _refuse_run_extras,
+    _refuse_unless,
     _run_kwargs,
     _run_outputs,
     _run_planned,
     _run_single,
     _scale_value,
     _single_kwargs,
+    _split_hint,
 )
 from .api_logging import flashinfer_api
 
@@ -97,14 +107,49 @@ def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
     return None, None
 
 
-def _lengths(indptr):
-    return (indptr[1:] - indptr[:-1]).tolist()
+def _host_ints(name, t):
+    """A 1-D integer tensor of any int dtype (FlashInfer passes uint16/uint32) as a list."""
+    _expect_tensor(name, t)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name}: dtype {t.dtype} is not supported; accepted: an integer dtype")
+    return t.detach().to("cpu").reshape(-1).to(torch.int64).tolist()
 
 
-def _paged_kv_lens(indptr, last_page_len, page_size):
-    pages = _lengths(indptr)
-    last = last_page_len.tolist()
-    return [0 if n == 0 else (n - 1) * page_size + last[i] for i, n in enumerate(pages)]
+def _multi_item_mask(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, qo, kv):
+    """FlashInfer's multi-item scoring mask (MaskMode.MULTIITEMSCORING) as one flat bool mask.
+
+    Request b's query at position pos (``i + kv_len - qo_len``) sees key j <= pos when pos
+    is in the shared prefix (``pos < prefix_len[b]``), or j is in the prefix, or j lies in
+    pos's own item: ``pos < j + token_pos[pos - prefix_len[b]]``, token_pos being request
+    b's ``token_pos_in_items_len`` entries (item positions, 0 at each delimiter).
+    """
+    if token_pos_in_items_ptr is None:
+        raise ValueError("token_pos_in_items_ptr: required with prefix_len_ptr")
+    prefix = _host_ints("prefix_len_ptr", prefix_len_ptr)
+    tokens = _host_ints("token_pos_in_items_ptr", token_pos_in_items_ptr)
+    width = int(token_pos_in_items_len)
+    if len(prefix) != len(qo):
+        raise ValueError(f"prefix_len_ptr: {len(prefix)} entries for {len(qo)} requests")
+    if width == 0 and len(qo) > 1:
+        raise ValueError(
+            "token_pos_in_items_len: 0 with more than one request; accepted: the padded "
+            "length of each request's token_pos_in_items_ptr entries"
+        )
+    masks = []
+    for b, (qo_len, kv_len) in enumerate(zip(qo, kv)):
+        own = tokens[b * width : (b + 1) * width] if width else tokens
+        pos = torch.arange(qo_len) + kv_len - qo_len
+        in_items = (pos - prefix[b]).clamp(min=0)
+        if qo_len and int(in_items.max()) >= len(own) and int(pos.max()) >= prefix[b]:
+            raise ValueError(
+                f"token_pos_in_items_ptr: request {b} has {len(own)} item positions but its "
+                f"queries reach position {int(in_items.max())} past its prefix"
+            )
+        step = torch.tensor(own + [0], dtype=torch.int64)[in_items.clamp(max=len(own))]
+        j = torch.arange(kv_len)[None, :]
+        seen = (pos < prefix[b])[:, None] | (j < prefix[b]) | (pos[:, None] < j + step[:, None])
+        masks.append((seen & (j <= pos[:, None])).reshape(-1))
+    return torch.cat(masks) if masks else torch.zeros(0, dtype=torch.bool)
 
 
 @flashinfer_api
@@ -129,6 +174,9 @@ def single_prefill_with_kv_cache(
     rope_theta=None,
     backend="auto",
     return_lse=False,
+    kv_cache_sf=None,
+    k_scale=None,
+    v_scale=None,
 ):
     """Prefill attention of ``qo_len`` query tokens against one request's KV.
 
@@ -138,7 +186,8 @@ def single_prefill_with_kv_cache(
         ``[qo_len, num_qo_heads, head_dim]``, float16/bfloat16/float32.
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
-        (HND); q's dtype or float8 (e4m3fn, e5m2).
+        (HND); q's dtype, float8 (e4m3fn, e5m2), or uint8 NVFP4 with ``head_dim // 2``
+        bytes per row (with ``kv_cache_sf``).
     scale_q, scale_k, scale_v : float or torch.Tensor, optional
         Scales for quantized inputs (q and k multiply ``sm_scale``, v the output).
     o_dtype : torch.dtype, optional
@@ -167,6 +216,12 @@ def single_prefill_with_kv_cache(
         Accepted for compatibility.
     return_lse : bool
         Also return the base-2 log-sum-exp of the scaled logits, float32.
+    kv_cache_sf : tuple of torch.Tensor, optional
+        NVFP4 KV: ``(k_scales, v_scales)``, float8_e4m3fn ``[kv_len, num_kv_heads,
+        head_dim // 16]`` (NHD), one scale per 16 elements of a row.
+    k_scale, v_scale : float or torch.Tensor, optional
+        Calibration scales of fp8/NVFP4 k (multiplies ``sm_scale``) and v (multiplies the
+        output), on top of ``scale_k`` / ``scale_v``.
 
     Returns
     -------
@@ -188,6 +243,8 @@ def single_prefill_with_kv_cache(
         rope_scale,
         rope_theta,
     )
+    kw["sm_scale"] *= _scale_value("k_scale", k_scale)
+    k_sf, v_sf = _kv_scales(kv_cache_sf, kw["kv_layout"], k)
     kv_len = _kv_len(k, kw["kv_layout"])
     mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [q.shape[0]], [kv_len], True)
     o_dtype = q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype)
@@ -201,7 +258,9 @@ def single_prefill_with_kv_cache(
         mask=mask,
         mask_indptr=mask_indptr,
         causal=bool(causal) and mask is None,
-        v_scale=_scale_value("scale_v", scale_v),
+        v_scale=_scale_value("scale_v", scale_v) * _scale_value("v_scale", v_scale),
+        k_sf=k_sf,
+        v_sf=v_sf,
         **kw,
     )
     return (out, lse) if return_lse else out
@@ -248,23 +307,53 @@ def _prefill_plan_common(
     )
 
 
-def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens):
-    """The plan with its packed mask, mask offsets and causal flag (off under a mask)."""
+def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens, items):
+    """The plan with its packed mask, mask offsets and causal flag (off under a mask).
+
+    items: plan()'s (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len); a
+    prefix_len_ptr makes the mask FlashInfer's multi-item scoring mask.
+    """
+    qo_lens = _lengths(plan.qo_indptr)
+    if items[0] is not None:
+        if custom_mask is not None or packed_custom_mask is not None:
+            raise ValueError(
+                "prefix_len_ptr: multi-item scoring sets the mask; give no custom_mask or "
+                "packed_custom_mask with it"
+            )
+        custom_mask = _multi_item_mask(*items, qo_lens, kv_lens)
     plan.mask, plan.mask_indptr = _packed_mask(
-        custom_mask, packed_custom_mask, _lengths(plan.qo_indptr), kv_lens, False
+        custom_mask, packed_custom_mask, qo_lens, kv_lens, False
     )
     plan.causal = bool(causal) and plan.mask is None
     return plan
 
 
-def _prefill_run_outputs(plan, q, out, lse, return_lse):
+def _check_hints(plan, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv):
+    """plan()'s length hints: they may only repeat or bound what the indptrs say."""
+    qo_lens = _lengths(plan.qo_indptr)
+    _check_same_lengths("seq_lens_q", seq_lens_q, qo_lens)
+    _check_at_least(
+        "max_token_per_sequence", max_token_per_sequence, max(qo_lens, default=0), "query length"
+    )
+    _check_at_least("max_sequence_kv", max_sequence_kv, max(kv_lens, default=0), "KV length")
+
+
+def _prefill_run(plan, q, out, lse, return_lse, lse_layout):
+    """(out, lse view the kernel writes, lse to return) of a planned prefill run."""
     _check_planned_q(
         plan,
         q,
-        (int(plan.qo_indptr[-1]), plan.num_qo_heads, plan.head_dim),
+        (plan.qo_rows, plan.num_qo_heads, plan.head_dim),
         "(qo_indptr[-1], num_qo_heads, head_dim_qk)",
     )
-    return _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype)
+    return _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype, lse_layout)
+
+
+def _init_prefill_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend, jit, owns_mask):
+    _init_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend, jit)
+    _refuse_unless(
+        "variant_owns_mask", owns_mask, (False,), "False (it needs a JIT attention variant)"
+    )
 
 
 class BatchPrefillWithPagedKVCacheWrapper:
@@ -283,6 +372,10 @@ class BatchPrefillWithPagedKVCacheWrapper:
         Accepted for compatibility (CUDA-graph buffers).
     backend : str
         Accepted for compatibility.
+    jit_args, jit_kwargs : optional
+        JIT custom modules are not supported: only None.
+    variant_owns_mask : bool
+        Only False (a JIT variant's own mask).
     """
 
     @flashinfer_api
@@ -300,9 +393,16 @@ class BatchPrefillWithPagedKVCacheWrapper:
         backend="auto",
         jit_args=None,
         jit_kwargs=None,
+        variant_owns_mask=False,
     ):
-        _init_wrapper(
-            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, jit_kwargs)
+        _init_prefill_wrapper(
+            self,
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            backend,
+            (jit_args, jit_kwargs),
+            variant_owns_mask,
         )
 
     @flashinfer_api
@@ -331,6 +431,18 @@ class BatchPrefillWithPagedKVCacheWrapper:
         kv_data_type=None,
         o_data_type=None,
         non_blocking=True,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0,
+        max_item_len_ptr=None,
+        seq_lens=None,
+        seq_lens_q=None,
+        block_tables=None,
+        max_token_per_sequence=None,
+        max_sequence_kv=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        uniform_q_len=None,
     ):
         """Records the batch layout, page table, mask and settings for ``run``.
 
@@ -351,9 +463,24 @@ class BatchPrefillWithPagedKVCacheWrapper:
         rope_scale, rope_theta
             As in :func:`single_prefill_with_kv_cache`.
         q_data_type, kv_data_type, o_data_type : torch.dtype or str
-            Expected dtypes of q and the cache, and the output dtype.
+            Expected dtypes of q and the cache (``"uint8"``: NVFP4), and the output dtype.
         non_blocking : bool
             Accepted for compatibility.
+        prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            Multi-item scoring: each request's shared prefix length, its items' token
+            positions (0 at delimiters, ``token_pos_in_items_len`` per request) and max item
+            length (a hint); the mask lets a token see the prefix and its own item, causally.
+        seq_lens, block_tables : torch.Tensor, optional
+            KV lengths and ``[batch_size, max_pages]`` page ids; when given they decide the
+            pages and lengths (FlashInfer's trtllm-gen inputs).
+        seq_lens_q : torch.Tensor, optional
+            Query lengths: only the ones qo_indptr gives.
+        max_token_per_sequence, max_sequence_kv : int, optional
+            Bounds on the longest query / KV length (checked).
+        fixed_split_size, disable_split_kv
+            Split-KV hints of the CUDA kernel (pages per split; no split).
+        uniform_q_len : int, optional
+            Accepted (a CUDA-graph tiling hint of FlashInfer's fa2 backend).
         """
         plan = _prefill_plan_common(
             qo_indptr,
@@ -384,12 +511,18 @@ class BatchPrefillWithPagedKVCacheWrapper:
                 "accepted: batch_size + 1 and batch_size"
             )
         _check_page_size(page_size)
+        kv_indptr, kv_indices, last_page_len = _page_table(
+            kv_indptr, kv_indices, last_page_len, page_size, block_tables, seq_lens
+        )
         plan.kv_indptr = kv_indptr
         plan.page_size = page_size
         plan.kv_indices = kv_indices
         plan.kv_last_page_len = last_page_len
+        plan.kv_chunk = _split_hint(fixed_split_size, disable_split_kv, page_size)
         kv_lens = _paged_kv_lens(kv_indptr, last_page_len, page_size)
-        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens)
+        _check_hints(plan, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv)
+        items = (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len)
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens, items)
 
     @flashinfer_api
     def run(
@@ -403,8 +536,15 @@ class BatchPrefillWithPagedKVCacheWrapper:
         out=None,
         lse=None,
         return_lse=False,
+        lse_base="log2",
+        lse_layout="NH",
         enable_pdl=None,
         window_left=None,
+        sinks=None,
+        kv_cache_sf=None,
+        skip_softmax_threshold_scale_factor=None,
+        use_fp16_softmax=None,
+        uses_spcompress=None,
     ):
         """Prefill attention for the planned batch.
 
@@ -414,17 +554,29 @@ class BatchPrefillWithPagedKVCacheWrapper:
             ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``.
         paged_kv_cache : torch.Tensor or tuple of torch.Tensor
             ``[num_pages, 2, page_size, num_kv_heads, head_dim]`` (NHD; HND swaps
-            page_size and num_kv_heads) or a ``(k_cache, v_cache)`` tuple.
+            page_size and num_kv_heads) or a ``(k_cache, v_cache)`` tuple; uint8 with
+            ``head_dim // 2`` for NVFP4 (with ``kv_cache_sf``).
         q_scale, k_scale, v_scale : float or torch.Tensor, optional
             Scales for quantized inputs.
         out, lse : torch.Tensor, optional
-            Preallocated outputs.
+            Preallocated outputs (lse in the requested layout).
         return_lse : bool
-            Also return lse ``[qo_indptr[-1], num_qo_heads]`` float32.
+            Also return lse.
+        lse_base : str
+            ``"log2"`` (default) or ``"ln"`` (natural log).
+        lse_layout : str
+            ``"NH"`` (``[qo_indptr[-1], num_qo_heads]``) or ``"HN"`` (its contiguous
+            transpose).
         enable_pdl : bool, optional
             Accepted for compatibility.
         window_left : int, optional
             Overrides the planned ``window_left``.
+        sinks : torch.Tensor, optional
+            float32 ``[num_qo_heads]`` attention-sink logits.
+        kv_cache_sf : torch.Tensor or tuple of torch.Tensor, optional
+            NVFP4 KV scales, as ``BatchDecodeWithPagedKVCacheWrapper.run`` takes them.
+        skip_softmax_threshold_scale_factor, use_fp16_softmax, uses_spcompress
+            trtllm-gen options: only None (or False) is implemented.
 
         Returns
         -------
@@ -432,10 +584,25 @@ class BatchPrefillWithPagedKVCacheWrapper:
             The output, and lse when asked.
         """
         plan = _planned(self, args)
-        out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
+        _refuse_run_extras(skip_softmax_threshold_scale_factor, use_fp16_softmax, uses_spcompress)
+        out, lse_view, lse = _prefill_run(plan, q, out, lse, return_lse, lse_layout)
         k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)
+        k_sf, v_sf = _kv_scales(kv_cache_sf, self._kv_layout, k_cache)
         kw = _run_kwargs(plan, window_left, q_scale, k_scale)
-        return _run_planned(plan, q, k_cache, v_cache, out, lse, return_lse, v_scale, kw)
+        _run_planned(
+            plan,
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse_view,
+            _scale_value("v_scale", v_scale),
+            kw,
+            sinks=sinks,
+            k_sf=k_sf,
+            v_sf=v_sf,
+        )
+        return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
 
 class BatchPrefillWithRaggedKVCacheWrapper:
@@ -453,6 +620,10 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         Accepted for compatibility (CUDA-graph buffers).
     backend : str
         Accepted for compatibility.
+    jit_args, jit_kwargs : optional
+        JIT custom modules are not supported: only None.
+    variant_owns_mask : bool
+        Only False (a JIT variant's own mask).
     """
 
     @flashinfer_api
@@ -468,9 +639,16 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         backend="auto",
         jit_args=None,
         jit_kwargs=None,
+        variant_owns_mask=False,
     ):
-        _init_wrapper(
-            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, jit_kwargs)
+        _init_prefill_wrapper(
+            self,
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            backend,
+            (jit_args, jit_kwargs),
+            variant_owns_mask,
         )
 
     @flashinfer_api
@@ -496,6 +674,19 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         kv_data_type=None,
         o_data_type=None,
         non_blocking=True,
+        prefix_len_ptr=None,
+        token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0,
+        max_item_len_ptr=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        seq_lens=None,
+        seq_lens_q=None,
+        max_token_per_sequence=None,
+        max_sequence_kv=None,
+        v_indptr=None,
+        o_indptr=None,
+        uniform_q_len=None,
     ):
         """Records the batch layout, mask and settings for ``run``.
 
@@ -514,9 +705,22 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         rope_scale, rope_theta
             As in :func:`single_prefill_with_kv_cache`.
         q_data_type, kv_data_type, o_data_type : torch.dtype or str
-            Expected dtypes of q and k/v, and the output dtype.
+            Expected dtypes of q and k/v (``"uint8"``: NVFP4), and the output dtype.
         non_blocking : bool
             Accepted for compatibility.
+        prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
+            Multi-item scoring, as in ``BatchPrefillWithPagedKVCacheWrapper.plan``.
+        fixed_split_size, disable_split_kv
+            Split-KV hints of the CUDA kernel (tokens per split; no split).
+        seq_lens, seq_lens_q : torch.Tensor, optional
+            KV and query lengths: only the ones the indptrs give.
+        max_token_per_sequence, max_sequence_kv : int, optional
+            Bounds on the longest query / KV length (checked).
+        v_indptr, o_indptr : torch.Tensor, optional
+            ``[batch_size + 1]`` first rows of each request in v and in the output
+            (default ``kv_indptr`` and ``qo_indptr``).
+        uniform_q_len : int, optional
+            Accepted (a CUDA-graph tiling hint of FlashInfer's fa2 backend).
         """
         plan = _prefill_plan_common(
             qo_indptr,
@@ -543,7 +747,14 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                 f"{qo_indptr.numel()}; accepted: the same batch_size + 1"
             )
         plan.kv_indptr = kv_indptr
-        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, _lengths(kv_indptr))
+        plan.v_indptr = None if v_indptr is None else _index_tensor("v_indptr", v_indptr)
+        plan.o_indptr = None if o_indptr is None else _index_tensor("o_indptr", o_indptr)
+        plan.kv_chunk = _split_hint(fixed_split_size, disable_split_kv, 1)
+        kv_lens = _lengths(kv_indptr)
+        _check_same_lengths("seq_lens", seq_lens, kv_lens)
+        _check_hints(plan, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv)
+        items = (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len)
+        self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens, items)
 
     @flashinfer_api
     def run(
@@ -555,10 +766,14 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         q_scale=None,
         k_scale=None,
         v_scale=None,
+        o_scale=None,
         out=None,
         lse=None,
         return_lse=False,
+        lse_base="log2",
+        lse_layout="NH",
         enable_pdl=None,
+        kv_cache_sf=None,
     ):
         """Prefill attention for the planned batch.
 
@@ -567,15 +782,24 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         q : torch.Tensor
             ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``.
         k, v : torch.Tensor
-            ``[kv_indptr[-1], num_kv_heads, head_dim_qk]`` (NHD) or heads first (HND).
+            ``[kv_indptr[-1], num_kv_heads, head_dim_qk]`` (NHD) or heads first (HND);
+            uint8 with ``head_dim // 2`` for NVFP4 (with ``kv_cache_sf``); v's rows follow
+            the planned ``v_indptr`` when given.
         q_scale, k_scale, v_scale : float or torch.Tensor, optional
             Scales for quantized inputs.
+        o_scale : float or torch.Tensor, optional
+            The output's calibration scale: the output is divided by it.
         out, lse : torch.Tensor, optional
-            Preallocated outputs.
+            Preallocated outputs (lse in the requested layout).
         return_lse : bool
-            Also return lse ``[qo_indptr[-1], num_qo_heads]`` float32.
+            Also return lse.
+        lse_base, lse_layout : str
+            As in ``BatchPrefillWithPagedKVCacheWrapper.run``.
         enable_pdl : bool, optional
             Accepted for compatibility.
+        kv_cache_sf : torch.Tensor or tuple of torch.Tensor, optional
+            NVFP4 scales ``(k_scales, v_scales)``, float8_e4m3fn ``[rows, num_kv_heads,
+            head_dim // 16]`` each, or one ``[rows, 2, num_kv_heads, head_dim // 16]`` tensor.
 
         Returns
         -------
@@ -583,7 +807,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
             The output, and lse when asked.
         """
         plan = _planned(self, args)
-        out, lse = _prefill_run_outputs(plan, q, out, lse, return_lse)
+        out, lse_view, lse = _prefill_run(plan, q, out, lse, return_lse, lse_layout)
         _check_tensor("k", k, 3)
         _check_tensor("v", v, 3)
         _check_planned_dtype("k", k, plan.kv_dtype, "kv_data_type")
@@ -593,5 +817,11 @@ class BatchPrefillWithRaggedKVCacheWrapper:
                 f"k: {heads} kv heads in layout {self._kv_layout}; planned num_kv_heads "
                 f"{plan.num_kv_heads}"
             )
+        k_sf, v_sf = _kv_scales(kv_cache_sf, self._kv_layout, k)
         kw = _run_kwargs(plan, None, q_scale, k_scale)
-        return _run_planned(plan, q, k, v, out, lse, return_lse, v_scale, kw)
+        o = _scale_value("o_scale", o_scale)
+        if o == 0.0:
+            raise ValueError("o_scale: 0 is not accepted; accepted: a nonzero scale")
+        v_scale = _scale_value("v_scale", v_scale) / o
+        _run_planned(plan, q, k, v, out, lse_view, v_scale, kw, k_sf=k_sf, v_sf=v_sf)
+        return (out, _finish_lse(lse, lse_base)) if return_lse else out

@@ -30,8 +30,11 @@ def attention(
     rope_scale=1.0,
     rope_theta=1e4,
     v_scale=1.0,
+    sinks=None,
 ):
-    """q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) -> (o [qo_len, Hq, D], lse [qo_len, Hq])."""
+    """q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) -> (o [qo_len, Hq, D], lse [qo_len, Hq]).
+
+    sinks [Hq]: one more logit per head in every row's softmax, with no value."""
     q, k, v = q.float(), k.float(), v.float()
     qo_len, hq, d = q.shape
     kv_len, hkv, _ = k.shape
@@ -54,8 +57,10 @@ def attention(
     if mask is not None:
         visible &= mask
     s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float()[:, None, None].expand(hq, qo_len, 1)], dim=-1)
     lse = torch.logsumexp(s, dim=-1) / math.log(2)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :kv_len]
     o = torch.einsum("hqk,khd->qhd", p, v) * v_scale
     return o, lse.transpose(0, 1)
 

@@ -9,6 +9,7 @@ from flashinfer.autotuner import autotune
 from flashinfer.fp4_quantization import SfLayout, fp4_quantize, nvfp4_quantize
 from flashinfer.gemm import mm_fp4
 
+ONE = torch.tensor(1.0)
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 
@@ -239,3 +240,93 @@ def test_mm_fp4_8x4_activation_scales_with_128x4_weight_scales():
     eight = mm_fp4(a_q, w_q.T, a_sf8, w_sf.T, use_8x4_sf_layout=True)
     plain = mm_fp4(a_q, w_q.T, a_sf, w_sf.T)
     assert torch.equal(eight, plain)
+
+
+def ref_per_token(x, scale_inv):
+    """Per-token NVFP4: s = amax(row) * scale_inv, the row quantized with global scale 1 / s."""
+    s = x.float().abs().amax(1) * scale_inv
+    gsf = torch.where(s == 0, 0.0, 1.0 / s)
+    rows = [ref_quantize(x[r : r + 1], gsf[r]) for r in range(x.shape[0])]
+    return torch.cat([q for q, _ in rows]), torch.cat([sf for _, sf in rows]), s
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nvfp4_per_token_bit_exact(dtype):
+    x = _data(11, 64, 20, dtype)
+    inv = torch.tensor([1.0 / (448 * 6)])
+    q, sf, s = nvfp4_quantize(x, inv, sfLayout=SfLayout.layout_linear, per_token_activation=True)
+    rq, rsf, rs = ref_per_token(x, inv)
+    assert torch.equal(q, rq) and torch.equal(sf, rsf)
+    assert torch.equal(s, rs) and s.dtype == torch.float32
+
+
+def test_nvfp4_per_token_sf_is_padded_rows_by_padded_blocks():
+    x = _data(5, 48, 21)
+    q, sf, s = nvfp4_quantize(x, 1.0 / 2688, per_token_activation=True)
+    assert sf.shape == (128, 4) and q.shape == (5, 24) and s.shape == (5,)
+    _, rsf, _ = ref_per_token(x, torch.tensor([1.0 / 2688]))
+    assert torch.equal(sf.reshape(-1), swizzle_128x4(rsf))
+
+
+def test_nvfp4_per_token_zero_row_has_zero_scale_and_codes():
+    x = _data(3, 32, 22)
+    x[2] = 0.0
+    q, sf, s = nvfp4_quantize(x, 1.0, sfLayout=SfLayout.layout_linear, per_token_activation=True)
+    assert s[2] == 0 and (q[2] == 0).all() and (sf[2] == 0).all()
+
+
+def test_nvfp4_per_token_out_scale_multiplies_only_the_returned_scales():
+    x = _data(4, 32, 23)
+    q, sf, s = nvfp4_quantize(x, 0.01, per_token_activation=True)
+    q2, sf2, s2 = nvfp4_quantize(x, 0.01, per_token_activation=True, out_scale=torch.tensor(3.0))
+    assert torch.equal(q, q2) and torch.equal(sf, sf2)
+    assert torch.equal(s2, s * torch.tensor(3.0))
+
+
+def test_nvfp4_per_token_row_map_quantizes_the_named_rows_only():
+    x = _data(5, 32, 24)
+    rows = torch.tensor([3, -1, 0, -1, 4, 1], dtype=torch.int32)  # entries past m are not read
+    q, sf, s = nvfp4_quantize(
+        x,
+        0.01,
+        sfLayout=SfLayout.layout_linear,
+        per_token_activation=True,
+        expanded_idx_to_permuted_idx=rows,
+    )
+    rq, rsf, rs = ref_per_token(x, torch.tensor([0.01]))
+    named = [0, 3, 4]
+    assert torch.equal(q[named], rq[named]) and torch.equal(sf[named], rsf[named])
+    assert torch.equal(s[named], rs[named])
+    assert (q[[1, 2]] == 0).all() and (s[[1, 2]] == 0).all()
+
+
+@pytest.mark.parametrize("bad, what", [([0, 5, 1], "is 5"), ([2, 2, -1], "is 2")])
+def test_nvfp4_per_token_row_map_out_of_range_or_repeated(bad, what):
+    with pytest.raises(ValueError, match=rf"expanded_idx_to_permuted_idx\[\d\] {what}; accepted"):
+        nvfp4_quantize(
+            _data(3, 32, 25),
+            1.0,
+            per_token_activation=True,
+            expanded_idx_to_permuted_idx=torch.tensor(bad, dtype=torch.int32),
+        )
+
+
+def test_per_token_options_need_per_token_activation():
+    x = _data(3, 32, 26)
+    with pytest.raises(ValueError, match="out_scale is only supported with per_token_activation"):
+        nvfp4_quantize(x, ONE, out_scale=ONE)
+    with pytest.raises(ValueError, match="expanded_idx_to_permuted_idx is only supported"):
+        nvfp4_quantize(x, ONE, expanded_idx_to_permuted_idx=torch.zeros(3, dtype=torch.int32))
+
+
+def test_nvfp4_4over6_only_off_is_implemented(monkeypatch):
+    x = _data(3, 32, 27)
+    base = nvfp4_quantize(x, ONE)
+    assert all(torch.equal(a, b) for a, b in zip(base, nvfp4_quantize(x, ONE, nvfp4_4over6=None)))
+    with pytest.raises(NotImplementedError, match=r"nvfp4_4over6: 'MAE' \(the 4over6"):
+        nvfp4_quantize(x, ONE, nvfp4_4over6="MAE")
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+    with pytest.raises(NotImplementedError, match="FLASHINFER_NVFP4_4OVER6=1"):
+        fp4_quantize(x, ONE)
+    fp4_quantize(x, ONE, nvfp4_4over6=None)
+    fp4_quantize(x, ONE, sf_vec_size=32, sf_use_ue8m0=True)  # MXFP4 never reads it

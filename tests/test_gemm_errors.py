@@ -6,6 +6,7 @@ import torch
 
 from flashinfer.fp4_quantization import fp4_quantize, nvfp4_quantize
 from flashinfer.gemm import bmm_fp8, mm_fp4, mm_fp8, prepare_low_latency_gemm_weights
+from flashinfer.utils import BackendSupportedError
 
 E4M3 = torch.float8_e4m3fn
 ONE = torch.tensor(1.0)
@@ -17,8 +18,16 @@ def _ab(b=2, m=4, k=32, n=8):
 
 def test_bmm_fp8_unknown_backend_lists_accepted():
     A, B = _ab()
-    with pytest.raises(ValueError, match=r"backend: 'cuBLAS' .*'cublas'.*'cutlass'"):
+    with pytest.raises(
+        BackendSupportedError, match=r"support backend 'cuBLAS'; accepted: cudnn, cublas, cutlass"
+    ):
         bmm_fp8(A, B, ONE, ONE, torch.bfloat16, backend="cuBLAS")
+
+
+def test_bmm_fp8_unknown_backend_with_skip_check_still_refused():
+    A, B = _ab()
+    with pytest.raises(ValueError, match=r"backend: 'cuBLAS' .*'cublas'.*'cutlass'"):
+        bmm_fp8(A, B, ONE, ONE, torch.bfloat16, backend="cuBLAS", skip_check=True)
 
 
 def test_bmm_fp8_bad_input_dtype_names_argument():
@@ -92,10 +101,22 @@ def test_bmm_fp8_meta_device_rejected():
 def test_mm_fp8_backend_and_shape_errors():
     a = torch.zeros(4, 256, dtype=E4M3)
     w = prepare_low_latency_gemm_weights(torch.zeros(8, 128, dtype=E4M3))
-    with pytest.raises(ValueError, match=r"backend: 'cutlass' .*trtllm_low_latency"):
+    with pytest.raises(ValueError, match=r"b: backend 'cutlass' takes the unprocessed weight"):
         mm_fp8(a, w, backend="cutlass")
     with pytest.raises(ValueError, match=r"b: shape \[1, 8, 128\] does not fit a's k = 256"):
         mm_fp8(a, w)
+
+
+def test_mm_fp8_prepared_backend_refuses_the_unprocessed_weight():
+    a = torch.zeros(4, 128, dtype=E4M3)
+    with pytest.raises(ValueError, match=r"b: backend 'trtllm_low_latency' takes prepare_low"):
+        mm_fp8(a, torch.zeros(8, 128, dtype=E4M3))
+
+
+def test_mm_fp8_unprocessed_weight_k_mismatch_names_b():
+    a = torch.zeros(4, 128, dtype=E4M3)
+    with pytest.raises(ValueError, match=r"b: k = 64 \(b.shape\[1\]\) does not match a's k = 128"):
+        mm_fp8(a, torch.zeros(8, 64, dtype=E4M3), backend="cublas")
 
 
 def test_prepare_weights_k_multiple_of_128():
@@ -138,5 +159,5 @@ def test_mm_fp4_scale_size_checked():
 
 def test_mm_fp4_unknown_backend():
     a, a_sf = nvfp4_quantize(torch.ones(4, 64), ONE)
-    with pytest.raises(ValueError, match=r"backend: 'cublas' .*'cudnn', 'trtllm'"):
+    with pytest.raises(BackendSupportedError, match=r"'cublas'; accepted: cudnn, trtllm"):
         mm_fp4(a, a.T, a_sf, a_sf.T, backend="cublas")

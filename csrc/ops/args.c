@@ -154,3 +154,31 @@ int fi_arg_check_contiguous(const fi_arg *a)
     fi_buf_free(&shape);
     return rc;
 }
+
+const int32_t *fi_arg_int32_on_host(const fi_arg *a, void *stream, int32_t **copy)
+{
+    *copy = NULL;
+    if (a->t.device_type != FI_DEVICE_CUDA)
+        return a->t.data;
+#ifdef FI_WITH_CUDA
+    size_t count = (size_t)a->t.shape[0];
+    int32_t *host = PyMem_Malloc((count ? count : 1) * sizeof(int32_t));
+    if (!host)
+        return (const int32_t *)PyErr_NoMemory();
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = fi_cuda_copy_to_host(host, a->t.data, count * sizeof(int32_t), a->t.device_index, stream);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
+        PyMem_Free(host);
+        PyErr_Format(PyExc_RuntimeError, "reading %s: %s", a->name, fi_cuda_last_error());
+        return NULL;
+    }
+    *copy = host;
+    return host;
+#else
+    (void)stream;
+    PyErr_Format(PyExc_ValueError, "%s: this build has no CUDA support", a->name);
+    return NULL;
+#endif
+}

@@ -41,4 +41,10 @@ int fi_arg_check_dim(const fi_arg *a, int dim, const char *what, int64_t want);
 /* tensor.is_contiguous(), as fi_tensor_is_contiguous decides it. */
 int fi_arg_check_contiguous(const fi_arg *a);
 
+/* The elements of a (an int32 [n] the caller checked: 1-D, contiguous) readable on the
+ * host: a's own memory on the CPU; for a CUDA tensor a copy made in stream order (the
+ * call waits for it), returned in *copy for the caller to PyMem_Free. NULL with an
+ * exception set on failure. */
+const int32_t *fi_arg_int32_on_host(const fi_arg *a, void *stream, int32_t **copy);
+
 #endif

@@ -261,23 +261,98 @@ static int check_sf_numel(const fi_arg *a, int64_t want)
     return -1;
 }
 
+/* The per-token outputs of fp4_quantize: per_token_scale float32 [m], out_scale one
+ * float32; the quantization must be NVFP4 with a global scale that is not inversed. */
+static int check_per_token(fi_fp4_quantize_params *p, fi_arg *pts, fi_arg *os, int64_t m)
+{
+    static const fi_dtype f32[] = {FI_DTYPE_F32};
+    if (p->sf_vec_size != 16 || p->sf_ue8m0 || !p->global_scale || p->global_scale_inversed) {
+        PyErr_SetString(PyExc_ValueError,
+                        "per_token_scale: per-token quantization is NVFP4 (sf_vec_size 16, E4M3 "
+                        "scales) with a global_scale that is not inversed");
+        return -1;
+    }
+    int64_t want[1] = {m};
+    if (fi_arg_check_dtype(pts, f32, 1) < 0 || fi_arg_check_shape(pts, want, 1) < 0 ||
+        fi_arg_check_contiguous(pts) < 0)
+        return -1;
+    p->per_token_scale = pts->t.data;
+    if (!os->obj)
+        return 0;
+    if (check_scalar_f32(os) < 0)
+        return -1;
+    p->out_scale = os->t.data;
+    return 0;
+}
+
+/* row_map: int32 [>= m], each entry a row in [0, m) or negative, no row twice. */
+static int check_row_map(const fi_arg *map, int64_t m, void *stream)
+{
+    static const fi_dtype i32[] = {FI_DTYPE_I32};
+    if (fi_arg_check_ndim(map, 1, NULL) < 0 || fi_arg_check_dtype(map, i32, 1) < 0 ||
+        fi_arg_check_contiguous(map) < 0)
+        return -1;
+    if (map->t.shape[0] < m) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld entries; accepted: at least m = %lld", map->name,
+                     (long long)map->t.shape[0], (long long)m);
+        return -1;
+    }
+    int32_t *copy;
+    const int32_t *rows = fi_arg_int32_on_host(map, stream, &copy);
+    uint8_t *seen = rows ? PyMem_Calloc((size_t)(m ? m : 1), 1) : NULL;
+    int rc = rows && seen ? 0 : -1;
+    if (rows && !seen)
+        PyErr_NoMemory();
+    for (int64_t i = 0; rc == 0 && i < m; i++) {
+        if (rows[i] < 0)
+            continue;
+        if (rows[i] >= m || seen[rows[i]]) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s[%lld] is %d; accepted: a row in [0, %lld) named once, "
+                         "or a negative value (skip)",
+                         map->name, (long long)i, (int)rows[i], (long long)m);
+            rc = -1;
+        } else {
+            seen[rows[i]] = 1;
+        }
+    }
+    PyMem_Free(seen);
+    PyMem_Free(copy);
+    return rc;
+}
+
 PyDoc_STRVAR(fp4_quantize_doc,
              "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
-             "             is_global_scale_inversed, num_threads, stream=0)\n--\n\n"
-             "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.");
+             "             is_global_scale_inversed, num_threads, stream=0,\n"
+             "             per_token_scale=None, out_scale=None, row_map=None)\n--\n\n"
+             "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.\n"
+             "per_token_scale (float32 [m]): one scale per row, amax * global_scale, written\n"
+             "there times out_scale; row_map (int32): only rows row_map[i] >= 0, i < m.");
 
 static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
     fi_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
-           sf = {.name = "sf"};
+           sf = {.name = "sf"}, pts = {.name = "per_token_scale"}, os = {.name = "out_scale"},
+           map = {.name = "expanded_idx_to_permuted_idx"};
     int sv, ue8m0, layout, inversed, num_threads;
     unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "OOOOipipi|K:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj, &sv,
-                          &ue8m0, &layout, &inversed, &num_threads, &stream))
+    PyObject *pts_obj = Py_None, *os_obj = Py_None, *map_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOipipi|KOOO:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj,
+                          &sv, &ue8m0, &layout, &inversed, &num_threads, &stream, &pts_obj, &os_obj,
+                          &map_obj))
         return NULL;
-    fi_arg *all[4] = {&x, &xq, &sf, &gs};
-    int n = gs.obj == Py_None ? 3 : 4;
+    pts.obj = pts_obj == Py_None ? NULL : pts_obj;
+    os.obj = os_obj == Py_None ? NULL : os_obj;
+    map.obj = map_obj == Py_None ? NULL : map_obj;
+    if (os.obj && !pts.obj)
+        return PyErr_Format(PyExc_ValueError, "out_scale: only with per_token_scale");
+    fi_arg *all[7] = {&x, &xq, &sf};
+    int n = 3;
+    fi_arg *optional[4] = {&gs, &pts, &os, &map};
+    for (int i = 0; i < 4; i++)
+        if (optional[i]->obj && optional[i]->obj != Py_None)
+            all[n++] = optional[i];
     for (int i = 0; i < n; i++)
         if (fi_arg_read(all[i]) < 0)
             return NULL;
@@ -297,7 +372,8 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
                             "sf_vec_size = %d",
                             (long long)k, sv);
     int64_t want_q[2] = {m, k / 2};
-    if ((n == 4 && check_scalar_f32(&gs) < 0) || fi_arg_check_dtype(&xq, u8, 1) < 0 ||
+    int has_gs = gs.obj != Py_None;
+    if ((has_gs && check_scalar_f32(&gs) < 0) || fi_arg_check_dtype(&xq, u8, 1) < 0 ||
         fi_arg_check_shape(&xq, want_q, 2) < 0 || fi_arg_check_contiguous(&xq) < 0 ||
         fi_arg_check_dtype(&sf, u8, 1) < 0 || fi_arg_check_contiguous(&sf) < 0 ||
         check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
@@ -305,13 +381,17 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
     fi_fp4_quantize_params p = {.x = x.t,
                                 .x_q = xq.t.data,
                                 .sf = sf.t.data,
-                                .global_scale = n == 4 ? gs.t.data : NULL,
+                                .global_scale = has_gs ? gs.t.data : NULL,
                                 .global_scale_inversed = inversed,
                                 .sf_vec_size = sv,
                                 .sf_ue8m0 = ue8m0,
                                 .sf_layout = (fi_sf_layout)layout,
                                 .num_threads = num_threads,
                                 .stream = (void *)(uintptr_t)stream};
+    if ((pts.obj && check_per_token(&p, &pts, &os, m) < 0) ||
+        (map.obj && check_row_map(&map, m, p.stream) < 0))
+        return NULL;
+    p.row_map = map.obj ? map.t.data : NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_fp4_quantize(&p);

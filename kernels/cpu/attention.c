@@ -1,5 +1,6 @@
 /* attention.c: CPU attention for decode and prefill over ragged or paged KV: GQA,
- * causal/window/custom masks, soft cap, RoPE, fp8 KV; fp32 online softmax. */
+ * causal/window/custom masks, soft cap, RoPE, fp8 and NVFP4 KV, attention sinks; fp32
+ * online softmax. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -93,6 +94,34 @@ static void apply_rope(float *x, int64_t d, const float *freq, int64_t pos)
     }
 }
 
+/* Per-block dequantization of one NVFP4 row: 16 E2M1 codes share one E4M3 scale. */
+static void load_fp4_row(const uint8_t *src, const uint8_t *sf, int64_t n, float *dst)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        float scale = fi_e4m3fn_to_f32(sf[i / 16]);
+        for (int64_t e = i; e < i + 16 && e < n; e += 2) {
+            dst[e] = fi_e2m1_to_f32(src[e / 2] & 15) * scale;
+            dst[e + 1] = fi_e2m1_to_f32(src[e / 2] >> 4) * scale;
+        }
+    }
+}
+
+/* NVFP4 KV: the E4M3 block scales of key j's K (or V) row, head `head`, of request b. */
+static const uint8_t *fp4_scales(const fi_attention_params *p, int is_v, int64_t b, int64_t j,
+                                 int64_t head)
+{
+    const int32_t *indptr = is_v && p->v_indptr ? p->v_indptr : p->kv_indptr;
+    int64_t page = 0, slot = (int64_t)indptr[b] + j;
+    if (p->paged) {
+        page = p->kv_indices[p->kv_indptr[b] + j / p->page_size];
+        slot = j % p->page_size;
+    }
+    if (is_v)
+        return p->v_sf + page * p->v_sf_stride_page + slot * p->v_sf_stride_n +
+               head * p->v_sf_stride_h;
+    return p->k_sf + page * p->k_sf_stride_page + slot * p->k_sf_stride_n + head * p->k_sf_stride_h;
+}
+
 /* The visible key range [lo, hi] of query row `row` from causality and the window. */
 static void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_len, int64_t kv_len,
                           int64_t *lo, int64_t *hi)
@@ -103,12 +132,14 @@ static void visible_range(const fi_attention_params *p, int64_t row, int64_t qo_
 }
 
 /* Addresses of the K and V rows of keys [j0, j0 + nb) of (request b, kv_head). Paged
- * rows are found by walking the pages, one division per block. */
+ * rows are found by walking the pages, one division per block; ragged V rows start at
+ * v_indptr[b] when given. */
 static void block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head, int64_t j0,
                        int64_t nb, const char **krow, const char **vrow)
 {
     int64_t esize = (int64_t)fi_dtype_size(p->kv_dtype);
     int64_t page = 0, slot = (int64_t)p->kv_indptr[b] + j0, page_i = 0;
+    int64_t v_shift = !p->paged && p->v_indptr ? (int64_t)p->v_indptr[b] - p->kv_indptr[b] : 0;
     if (nb == 0) /* past the last key: not even its page is looked up */
         return;
     if (p->paged) {
@@ -118,7 +149,8 @@ static void block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head,
     }
     for (int64_t j = 0; j < nb; j++) {
         int64_t ko = page * p->k_stride_page + slot * p->k_stride_n + kv_head * p->k_stride_h;
-        int64_t vo = page * p->v_stride_page + slot * p->v_stride_n + kv_head * p->v_stride_h;
+        int64_t vo =
+            page * p->v_stride_page + (slot + v_shift) * p->v_stride_n + kv_head * p->v_stride_h;
         krow[j] = (const char *)p->k + ko * esize;
         vrow[j] = (const char *)p->v + vo * esize;
         if (++slot == p->page_size && p->paged && j + 1 < nb) {
@@ -147,12 +179,19 @@ static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_
         }
         return p->kv_dtype;
     }
+    int fp4 = p->kv_dtype == FI_DTYPE_FP4X2;
     for (int64_t j = 0; j < nb; j++) {
         float *kr = sc->kf + j * d, *vr = sc->vf + j * d;
-        jb->ops->widen(k[j], p->kv_dtype, d, kr);
+        if (fp4)
+            load_fp4_row((const uint8_t *)k[j], fp4_scales(p, 0, b, j0 + j, kv_head), d, kr);
+        else
+            jb->ops->widen(k[j], p->kv_dtype, d, kr);
         if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
             apply_rope(kr, d, sc->freq, j0 + j);
-        jb->ops->widen(v[j], p->kv_dtype, d, vr);
+        if (fp4)
+            load_fp4_row((const uint8_t *)v[j], fp4_scales(p, 1, b, j0 + j, kv_head), d, vr);
+        else
+            jb->ops->widen(v[j], p->kv_dtype, d, vr);
         krow[j] = kr;
         vrow[j] = vr;
     }
@@ -193,6 +232,18 @@ static void mask_scores(const fi_attention_params *p, float *s, int64_t b, int64
         else if (cap > 0.0f)
             s[j] = cap * tanhf(s[j] / cap);
     }
+}
+
+/* The per-row finalisation step of attention sinks: the sink joins the softmax state
+ * (running max m, sum l) as one more logit; *corr rescales what was accumulated. */
+static void add_sink(float sink, float *m, float *l, float *corr)
+{
+    float m_new = sink > *m ? sink : *m;
+    if (m_new == -INFINITY)
+        return; /* no key seen and a -inf sink: nothing to add */
+    *corr = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    *l = *l * *corr + expf(sink - m_new);
+    *m = m_new;
 }
 
 /* Online softmax over one block for one query vector: s becomes the probabilities
@@ -250,15 +301,20 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
                         &next->vpf);
 }
 
-/* The softmax's last step for one query vector: o = acc / l (times the V scale) and the
- * base-2 log-sum-exp, from the running max m and sum l. */
+/* The softmax's last step for query row `row` of request b, qo head `head`: the sink
+ * (if any) joins the running max m and sum l, then o = acc / l (times the V scale) into
+ * o's row and the base-2 log-sum-exp into q's. */
 static void finish_vector(const fi_attention_params *p, const float *acc, float m, float l,
-                          int64_t n, int64_t head)
+                          int64_t b, int64_t row, int64_t head)
 {
-    int64_t d = p->head_dim;
-    float inv = l > 0.0f ? p->v_scale / l : 0.0f;
+    int64_t d = p->head_dim, n = p->qo_indptr[b] + row;
+    int64_t no = p->o_indptr ? p->o_indptr[b] + row : n;
+    float corr = 1.0f;
+    if (p->sinks)
+        add_sink(p->sinks[head], &m, &l, &corr);
+    float inv = l > 0.0f ? p->v_scale * corr / l : 0.0f;
     char *oa = (char *)p->o +
-               (n * p->o_stride_n + head * p->o_stride_h) * (int64_t)fi_dtype_size(p->o_dtype);
+               (no * p->o_stride_n + head * p->o_stride_h) * (int64_t)fi_dtype_size(p->o_dtype);
     for (int64_t i = 0; i < d; i++)
         store_value(oa, p->o_dtype, i, acc[i] * inv);
     if (p->lse)
@@ -309,7 +365,6 @@ static void merge_split(const job *jb, const split_group *sg)
     const fi_attention_params *p = jb->p;
     const task *t = &jb->tasks[sg->first_task];
     int64_t d = p->head_dim, nv = task_vectors(jb, t);
-    int64_t qo_start = p->qo_indptr[t->request];
     for (int64_t vec = 0; vec < nv; vec++) {
         float m = -INFINITY, l = 0.0f;
         for (int64_t c = 0; c < sg->num_tasks; c++) {
@@ -328,18 +383,19 @@ static void merge_split(const job *jb, const split_group *sg)
         }
         int64_t row, head;
         vector_place(jb, t, vec, &row, &head);
-        finish_vector(p, acc, m, l, qo_start + row, head);
+        finish_vector(p, acc, m, l, t->request, row, head);
     }
 }
 
 /* Whether a task widens its KV into scratch first: the portable kernels need it, RoPE
- * rotates keys, and past NARROW_MAX_VECTORS query vectors per head (prefill) a row
- * widened once beats one widened in registers again for every tile of vectors. */
+ * rotates keys, NVFP4 is dequantized per block, and past NARROW_MAX_VECTORS query vectors
+ * per head (prefill) a row widened once beats one widened in registers again for every
+ * tile of vectors. */
 static int task_widens(const job *jb, int64_t per_head)
 {
     const fi_attention_params *p = jb->p;
     return !jb->ops->narrow_rows || p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA ||
-           per_head > NARROW_MAX_VECTORS;
+           p->kv_dtype == FI_DTYPE_FP4X2 || per_head > NARROW_MAX_VECTORS;
 }
 
 static void run_task(job *jb, scratch *sc, const task *t)
@@ -378,7 +434,7 @@ static void run_task(job *jb, scratch *sc, const task *t)
         for (int64_t vec = 0; vec < nv; vec++) {
             int64_t row, head;
             vector_place(jb, t, vec, &row, &head);
-            finish_vector(p, sc->acc + vec * d, sc->m[vec], sc->l[vec], qo_start + row, head);
+            finish_vector(p, sc->acc + vec * d, sc->m[vec], sc->l[vec], b, row, head);
         }
         return;
     }

@@ -90,6 +90,19 @@ static void quantize_row(const fi_fp4_quantize_params *p, const scale_table *t, 
     }
 }
 
+/* Per-token mode: the global scale of row r from its amax; writes per_token_scale[r]. */
+static float per_token_global_scale(const fi_fp4_quantize_params *p, int64_t r)
+{
+    const fi_tensor *x = &p->x;
+    const char *row = (const char *)x->data + r * x->stride[0] * (int64_t)fi_dtype_size(x->dtype);
+    float amax = 0.0f;
+    for (int64_t c = 0; c < x->shape[1]; c++)
+        amax = fmaxf(amax, fabsf(load_f32(x, row, c)));
+    float s = amax * *p->global_scale;
+    p->per_token_scale[r] = p->out_scale ? s * *p->out_scale : s;
+    return s != 0.0f ? 1.0f / s : 0.0f;
+}
+
 #ifdef FI_HAVE_X86_SIMD
 /* Eight contiguous elements as float32. */
 FI_AVX2_INLINE __m256 load8_f32(const void *src, fi_dtype dtype)
@@ -247,26 +260,36 @@ FI_AVX2 static void quantize_row_avx2(const fi_fp4_quantize_params *p, const sca
 }
 #endif
 
+/* One row's quantizer: the AVX2 one where the CPU has it and the row is contiguous. */
+typedef void (*row_quantizer)(const fi_fp4_quantize_params *, const scale_table *, float, int64_t);
+
+static row_quantizer pick_row_quantizer(const fi_fp4_quantize_params *p)
+{
+#ifdef FI_HAVE_X86_SIMD
+    if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        return quantize_row_avx2;
+#endif
+    return quantize_row;
+}
+
 typedef struct {
     const fi_fp4_quantize_params *p;
     const scale_table *table;
     float gsf;
-    int64_t r0, r1;
+    int64_t r0, r1; /* entries of the row map (rows themselves without one) */
 } quantize_range;
 
 static void *quantize_rows(void *arg)
 {
     const quantize_range *qr = arg;
     const fi_fp4_quantize_params *p = qr->p;
-#ifdef FI_HAVE_X86_SIMD
-    if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-        for (int64_t r = qr->r0; r < qr->r1; r++)
-            quantize_row_avx2(p, qr->table, qr->gsf, r);
-        return NULL;
+    row_quantizer quantize = pick_row_quantizer(p);
+    for (int64_t i = qr->r0; i < qr->r1; i++) {
+        int64_t r = p->row_map ? p->row_map[i] : i;
+        if (r < 0)
+            continue;
+        quantize(p, qr->table, p->per_token_scale ? per_token_global_scale(p, r) : qr->gsf, r);
     }
-#endif
-    for (int64_t r = qr->r0; r < qr->r1; r++)
-        quantize_row(p, qr->table, qr->gsf, r);
     return NULL;
 }
 

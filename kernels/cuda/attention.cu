@@ -1,5 +1,6 @@
 /* attention.cu: CUDA attention for decode and prefill over ragged or paged KV, the same
- * semantics as kernels/cpu/attention.c; fp32 online softmax, split-KV with a merge pass. */
+ * semantics as kernels/cpu/attention.c (fp8 and NVFP4 KV, sinks); fp32 online softmax,
+ * split-KV with a merge pass. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -14,6 +15,7 @@
 #define KT 32              /* keys per shared-memory tile: one per lane when scoring */
 #define MIN_SPLIT_KEYS 256 /* a split gets at least this many keys */
 #define MAX_SPLITS 128
+#define MAX_FIXED_SPLITS 65535 /* gridDim.y */
 #define LOG2E 1.4426950408889634f
 #define FULL_MASK 0xffffffffu
 
@@ -51,6 +53,58 @@ __device__ __forceinline__ float load_value(const void *base, int64_t i, fi_dtyp
     default:
         return 0.0f;
     }
+}
+
+/* fi_e2m1_to_f32 without its table (a table would live in local memory). */
+__device__ __forceinline__ float e2m1_value(uint32_t code)
+{
+    uint32_t c = code & 7;
+    float v = c < 4 ? 0.5f * (float)c : (c == 7 ? 6.0f : (float)(c - 2));
+    return (code & 8) ? -v : v;
+}
+
+/* Element i of one K/V row: as load_value, or for NVFP4 KV its E2M1 code (byte i / 2,
+ * element 2j in the low nibble) times the row's E4M3 block scale sf[i / 16]. */
+__device__ __forceinline__ float load_kv(const char *row, const uint8_t *sf, int64_t i,
+                                         fi_dtype dtype)
+{
+    if (dtype != FI_DTYPE_FP4X2)
+        return load_value(row, i, dtype);
+    uint8_t byte = ((const uint8_t *)row)[i / 2];
+    float scale = load_value(sf, i / 16, FI_DTYPE_E4M3FN);
+    return e2m1_value(i & 1 ? byte >> 4 : byte & 15) * scale;
+}
+
+/* The sink joins the softmax state (running max m, sum l; natural units) as one more logit;
+ * *corr rescales what was accumulated, as add_sink in kernels/cpu/attention.c. */
+__device__ __forceinline__ void add_sink(float sink, float *m, float *l, float *corr)
+{
+    float m_new = fmaxf(sink, *m);
+    if (m_new == -INFINITY)
+        return;
+    *corr = *m == -INFINITY ? 0.0f : expf(*m - m_new);
+    *l = *l * *corr + expf(sink - m_new);
+    *m = m_new;
+}
+
+/* The request owning query row n (qo_indptr is non-decreasing; n is inside the batch). */
+__device__ __forceinline__ int64_t request_of_row(const fi_attention_params &p, int64_t n)
+{
+    int64_t lo = 0, hi = p.num_requests - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (p.qo_indptr[mid] <= n)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Output row of query row n of request b. */
+__device__ __forceinline__ int64_t output_row(const fi_attention_params &p, int64_t b, int64_t n)
+{
+    return p.o_indptr ? n - p.qo_indptr[b] + p.o_indptr[b] : n;
 }
 
 __device__ __forceinline__ void store_value(void *base, int64_t i, fi_dtype dtype, float x)
@@ -120,7 +174,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     __shared__ float tile[KT][D + 1]; /* +1: lane j reading row j hits bank (j + i) % 32 */
     __shared__ float qs[NWARPS][D];
     __shared__ float freq[D / 2];
-    __shared__ int64_t koff[KT], voff[KT];
+    __shared__ int64_t koff[KT], voff[KT], ksf[KT], vsf[KT];
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int64_t x = blockIdx.x;
@@ -183,21 +237,27 @@ __global__ void __launch_bounds__(NWARPS * 32)
     for (int64_t j0 = begin; j0 < end; j0 += KT) {
         const int nb = end - j0 < KT ? (int)(end - j0) : KT;
         if (threadIdx.x < nb) {
-            int64_t j = j0 + threadIdx.x, page = 0, slot;
+            int64_t j = j0 + threadIdx.x, page = 0, slot, vslot;
             if (p.paged) {
                 page = p.kv_indices[p.kv_indptr[b] + j / p.page_size];
-                slot = j % p.page_size;
+                slot = vslot = j % p.page_size;
             } else {
                 slot = (int64_t)p.kv_indptr[b] + j;
+                vslot = (int64_t)(p.v_indptr ? p.v_indptr : p.kv_indptr)[b] + j;
             }
             koff[threadIdx.x] = page * p.k_stride_page + slot * p.k_stride_n + kvh * p.k_stride_h;
-            voff[threadIdx.x] = page * p.v_stride_page + slot * p.v_stride_n + kvh * p.v_stride_h;
+            voff[threadIdx.x] = page * p.v_stride_page + vslot * p.v_stride_n + kvh * p.v_stride_h;
+            ksf[threadIdx.x] =
+                page * p.k_sf_stride_page + slot * p.k_sf_stride_n + kvh * p.k_sf_stride_h;
+            vsf[threadIdx.x] =
+                page * p.v_sf_stride_page + vslot * p.v_sf_stride_n + kvh * p.v_sf_stride_h;
         }
         __syncthreads();
         for (int e = threadIdx.x; e < nb * half; e += blockDim.x) {
             int j = e / half, i = e % half;
             const char *ka = (const char *)p.k + koff[j] * kv_size;
-            float x0 = load_value(ka, i, p.kv_dtype), x1 = load_value(ka, i + half, p.kv_dtype);
+            const uint8_t *ks = p.k_sf + ksf[j];
+            float x0 = load_kv(ka, ks, i, p.kv_dtype), x1 = load_kv(ka, ks, i + half, p.kv_dtype);
             if (rope)
                 rope_pair(&x0, &x1, freq[i], j0 + j);
             tile[j][i] = x0;
@@ -235,7 +295,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         for (int e = threadIdx.x; e < nb * D; e += blockDim.x) {
             int j = e / D, i = e % D;
             const char *va = (const char *)p.v + voff[j] * kv_size;
-            tile[j][i] = load_value(va, i, p.kv_dtype);
+            tile[j][i] = load_kv(va, p.v_sf + vsf[j], i, p.kv_dtype);
         }
         __syncthreads();
         if (tile_max != -INFINITY) {
@@ -254,10 +314,14 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     if (!active)
         return;
-    float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
     if (sp.splits == 1) {
-        float inv = l > 0.0f ? p.v_scale / l : 0.0f;
-        char *oa = (char *)p.o + (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+        float corr = 1.0f;
+        if (p.sinks)
+            add_sink(p.sinks[head], &m, &l, &corr);
+        float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+        float inv = l > 0.0f ? p.v_scale * corr / l : 0.0f;
+        int64_t no = output_row(p, b, n);
+        char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
 #pragma unroll
         for (int c = 0; c < D / 32; c++)
             store_value(oa, lane + 32 * c, p.o_dtype, acc[c] * inv);
@@ -265,6 +329,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
             p.lse[n * p.lse_stride_n + head * p.lse_stride_h] = lse;
         return;
     }
+    float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     int64_t slot = ((int64_t)split * p.total_qo_rows + n) * p.num_qo_heads + head;
     float *po = sp.part_o + slot * D;
@@ -276,7 +341,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
 }
 
 /* One warp per (row, head): the splits' normalised partial outputs weighted by
- * 2^(lse_s - max lse); rows outside every request are left untouched. */
+ * 2^(lse_s - max lse), a sink counting in the denominator only; rows outside every
+ * request are left untouched. */
 __global__ void __launch_bounds__(NWARPS * 32)
     merge_kernel(const fi_attention_params p, const split_plan sp)
 {
@@ -288,15 +354,19 @@ __global__ void __launch_bounds__(NWARPS * 32)
     if (n < p.qo_indptr[0] || n >= p.qo_indptr[p.num_requests])
         return;
     const int64_t stride = p.total_qo_rows * p.num_qo_heads;
-    float mx = -INFINITY;
+    const float sink = p.sinks ? p.sinks[head] * LOG2E : -INFINITY;
+    float mx = sink;
     for (int s = 0; s < sp.splits; s++)
         mx = fmaxf(mx, sp.part_lse[s * stride + idx]);
     float wsum = 0.0f;
-    if (mx != -INFINITY)
+    if (mx != -INFINITY) {
+        wsum = exp2f(sink - mx);
         for (int s = 0; s < sp.splits; s++)
             wsum += exp2f(sp.part_lse[s * stride + idx] - mx);
+    }
     float scale = wsum > 0.0f ? p.v_scale / wsum : 0.0f;
-    char *oa = (char *)p.o + (n * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
+    int64_t no = output_row(p, request_of_row(p, n), n);
+    char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
     for (int64_t i = lane; i < p.head_dim; i += 32) {
         float a = 0.0f;
         if (mx != -INFINITY)
@@ -309,6 +379,34 @@ __global__ void __launch_bounds__(NWARPS * 32)
     if (p.lse && lane == 0)
         p.lse[n * p.lse_stride_n + head * p.lse_stride_h] =
             mx == -INFINITY ? -INFINITY : mx + log2f(wsum);
+}
+
+/* Keys per split of a batch of `blocks` blocks and longest KV kv: p->kv_chunk when the
+ * caller fixed it (-1: one split), else few blocks and long KV (decode with a small batch)
+ * are split so that about two blocks per multiprocessor exist, each split keeping
+ * MIN_SPLIT_KEYS keys. A multiple of KT; at most MAX_FIXED_SPLITS splits. */
+static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int sms, int64_t kv)
+{
+    int64_t chunk;
+    if (p->kv_chunk < 0) {
+        chunk = kv;
+    } else if (p->kv_chunk > 0) {
+        chunk = p->kv_chunk;
+        if ((kv + chunk - 1) / chunk > MAX_FIXED_SPLITS)
+            chunk = (kv + MAX_FIXED_SPLITS - 1) / MAX_FIXED_SPLITS;
+    } else {
+        int64_t splits = 1;
+        if (blocks < 2 * (int64_t)sms && p->max_kv_len > MIN_SPLIT_KEYS) {
+            splits = (2 * (int64_t)sms + blocks - 1) / blocks;
+            int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
+            if (splits > by_len)
+                splits = by_len;
+            if (splits > MAX_SPLITS)
+                splits = MAX_SPLITS;
+        }
+        chunk = (kv + splits - 1) / splits;
+    }
+    return (chunk + KT - 1) / KT * KT;
 }
 
 static cudaError_t launch_main(const fi_attention_params *p, const split_plan &sp, unsigned blocks,
@@ -352,19 +450,8 @@ extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
     int64_t blocks = sp.tiles * p->num_kv_heads * p->num_requests;
     if (blocks > INT32_MAX)
         return fi_cuda_fail("attention (cuda): the batch needs more than 2^31 blocks", cudaSuccess);
-    /* Few blocks and long KV (decode with a small batch): split the keys so that about
-     * two blocks per multiprocessor exist, each split keeping MIN_SPLIT_KEYS keys. */
-    int64_t splits = 1;
-    if (blocks < 2 * (int64_t)sms && p->max_kv_len > MIN_SPLIT_KEYS) {
-        splits = (2 * (int64_t)sms + blocks - 1) / blocks;
-        int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
-        if (splits > by_len)
-            splits = by_len;
-        if (splits > MAX_SPLITS)
-            splits = MAX_SPLITS;
-    }
     int64_t kv = p->max_kv_len > 0 ? p->max_kv_len : 1;
-    sp.chunk = ((kv + splits - 1) / splits + KT - 1) / KT * KT;
+    sp.chunk = split_chunk(p, blocks, sms, kv);
     sp.splits = (int)((kv + sp.chunk - 1) / sp.chunk);
     if (sp.splits < 1)
         sp.splits = 1;

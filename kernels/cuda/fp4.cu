@@ -40,10 +40,44 @@ struct QuantArgs {
     const float *global_scale;
     int inversed, sv, ue8m0;
     fi_sf_layout layout;
+    float *per_token_scale; /* per-token mode, or NULL */
+    const float *out_scale; /* or NULL */
+    const int32_t *row_map; /* or NULL: every row */
 };
 
-/* One thread per (row, block), doing what quantize_row in kernels/cpu/fp4.c does for
- * that block, in the same float32 operation order. */
+/* Block c of row r with global scale gsf, as quantize_row in kernels/cpu/fp4.c does it,
+ * in the same float32 operation order. */
+__device__ void quantize_block(const QuantArgs &q, float gsf, int64_t r, int64_t c)
+{
+    int64_t blocks = q.k / q.sv, sv = q.sv;
+    float vals[32];
+    float amax = 0.0f;
+    for (int64_t e = 0; e < sv; e++) {
+        vals[e] = load_f32(q.x, q.dtype, r * q.s_row + (c * sv + e) * q.s_col);
+        amax = fmaxf(amax, fabsf(vals[e]));
+    }
+    float sf_value = gsf * amax;
+    sf_value = sf_value / 6.0f;
+    uint8_t code;
+    float sf;
+    if (q.ue8m0) {
+        code = fi_f32_to_ue8m0_ceil(sf_value);
+        sf = code == 0 && !(sf_value > 0.0f) ? 0.0f : fi_e8m0fnu_to_f32(code);
+    } else {
+        code = fi_f32_to_e4m3fn(sf_value);
+        sf = fi_e4m3fn_to_f32(code);
+    }
+    q.sf[fi_sf_offset(r, c, blocks, q.layout)] = code;
+    float scale = sf == 0.0f ? 0.0f : gsf / sf;
+    uint8_t *dst = q.x_q + r * (q.k / 2) + c * sv / 2;
+    for (int64_t e = 0; e < sv; e += 2) {
+        uint8_t lo = scale == 0.0f ? 0 : fi_f32_to_e2m1(vals[e] * scale);
+        uint8_t hi = scale == 0.0f ? 0 : fi_f32_to_e2m1(vals[e + 1] * scale);
+        dst[e / 2] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+/* One thread per (row, block) with the one global scale. */
 __global__ void fp4_quantize_kernel(QuantArgs q)
 {
     float gsf = q.global_scale ? *q.global_scale : 1.0f;
@@ -51,33 +85,44 @@ __global__ void fp4_quantize_kernel(QuantArgs q)
         gsf = 1.0f / gsf;
     int64_t blocks = q.k / q.sv, total = q.m * blocks;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = idx / blocks, c = idx % blocks, sv = q.sv;
-        float vals[32];
-        float amax = 0.0f;
-        for (int64_t e = 0; e < sv; e++) {
-            vals[e] = load_f32(q.x, q.dtype, r * q.s_row + (c * sv + e) * q.s_col);
-            amax = fmaxf(amax, fabsf(vals[e]));
+         idx += (int64_t)gridDim.x * blockDim.x)
+        quantize_block(q, gsf, idx / blocks, idx % blocks);
+}
+
+#define ROW_THREADS 256
+
+/* Per-token mode or a row map: one block per entry i < m (of the map, or row i). The
+ * row's amax by a block reduction gives its scale (per_token_global_scale in
+ * kernels/cpu/fp4.c), then the threads quantize the row's blocks. */
+__global__ void __launch_bounds__(ROW_THREADS) fp4_quantize_rows_kernel(QuantArgs q)
+{
+    __shared__ float amax_of[ROW_THREADS];
+    for (int64_t i = blockIdx.x; i < q.m; i += gridDim.x) {
+        int64_t r = q.row_map ? q.row_map[i] : i;
+        if (r < 0)
+            continue; /* the same r for the whole block: no barrier is skipped by some */
+        float gsf = q.global_scale ? *q.global_scale : 1.0f;
+        if (q.inversed)
+            gsf = 1.0f / gsf;
+        if (q.per_token_scale) {
+            float amax = 0.0f;
+            for (int64_t c = threadIdx.x; c < q.k; c += blockDim.x)
+                amax = fmaxf(amax, fabsf(load_f32(q.x, q.dtype, r * q.s_row + c * q.s_col)));
+            amax_of[threadIdx.x] = amax;
+            __syncthreads();
+            for (int w = ROW_THREADS / 2; w > 0; w /= 2) {
+                if (threadIdx.x < w)
+                    amax_of[threadIdx.x] = fmaxf(amax_of[threadIdx.x], amax_of[threadIdx.x + w]);
+                __syncthreads();
+            }
+            float s = amax_of[0] * *q.global_scale;
+            if (threadIdx.x == 0)
+                q.per_token_scale[r] = q.out_scale ? s * *q.out_scale : s;
+            gsf = s != 0.0f ? 1.0f / s : 0.0f;
+            __syncthreads(); /* amax_of[0] is read before the next row overwrites it */
         }
-        float sf_value = gsf * amax;
-        sf_value = sf_value / 6.0f;
-        uint8_t code;
-        float sf;
-        if (q.ue8m0) {
-            code = fi_f32_to_ue8m0_ceil(sf_value);
-            sf = code == 0 && !(sf_value > 0.0f) ? 0.0f : fi_e8m0fnu_to_f32(code);
-        } else {
-            code = fi_f32_to_e4m3fn(sf_value);
-            sf = fi_e4m3fn_to_f32(code);
-        }
-        q.sf[fi_sf_offset(r, c, blocks, q.layout)] = code;
-        float scale = sf == 0.0f ? 0.0f : gsf / sf;
-        uint8_t *dst = q.x_q + r * (q.k / 2) + c * sv / 2;
-        for (int64_t e = 0; e < sv; e += 2) {
-            uint8_t lo = scale == 0.0f ? 0 : fi_f32_to_e2m1(vals[e] * scale);
-            uint8_t hi = scale == 0.0f ? 0 : fi_f32_to_e2m1(vals[e + 1] * scale);
-            dst[e / 2] = (uint8_t)(lo | (hi << 4));
-        }
+        for (int64_t c = threadIdx.x; c < q.k / q.sv; c += blockDim.x)
+            quantize_block(q, gsf, r, c);
     }
 }
 
@@ -193,9 +238,16 @@ extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
                    p->global_scale_inversed,
                    p->sf_vec_size,
                    p->sf_ue8m0,
-                   p->sf_layout};
-    int64_t blocks = (total + 255) / 256;
-    fp4_quantize_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(q);
+                   p->sf_layout,
+                   p->per_token_scale,
+                   p->out_scale,
+                   p->row_map};
+    if (p->per_token_scale || p->row_map) {
+        fp4_quantize_rows_kernel<<<(unsigned)(m < 65536 ? m : 65536), ROW_THREADS, 0, stream>>>(q);
+    } else {
+        int64_t blocks = (total + 255) / 256;
+        fp4_quantize_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, stream>>>(q);
+    }
     cudaError_t err = cudaGetLastError();
     return err == cudaSuccess ? 0 : fi_cuda_fail("fp4 quantize kernel launch", err);
 }

@@ -135,7 +135,15 @@ static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layou
 }
 
 /* NVFP4 (sf_vec_size 16, E4M3 scales) or MXFP4 (sf_vec_size 32, UE8M0 scales) quantization
- * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble. */
+ * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble; sf is
+ * zeroed first (padding included).
+ *
+ * Per-token mode (per_token_scale not NULL; NVFP4, global_scale given, not inversed): row r
+ * gets its own scale s = amax(|x[r, :]|) * global_scale[0], is quantized with the global
+ * scale 1 / s (0 when s is 0), and per_token_scale[r] = s * out_scale[0] (out_scale NULL:
+ * 1). row_map (NULL: every row) names the rows quantized: row_map[i] for i < m, negative
+ * entries skipped, each row at most once; x_q and per_token_scale of the others are not
+ * written. */
 typedef struct {
     fi_tensor x;               /* [m, k] float32, float16 or bfloat16, any strides */
     uint8_t *x_q;              /* [m, k/2] contiguous */
@@ -145,6 +153,9 @@ typedef struct {
     int sf_vec_size;           /* 16 or 32 */
     int sf_ue8m0;              /* nonzero: UE8M0 scales, else E4M3 */
     fi_sf_layout sf_layout;
+    float *per_token_scale; /* [m], or NULL */
+    const float *out_scale; /* one float32, or NULL */
+    const int32_t *row_map; /* [m] row indices in [0, m) or negative, or NULL */
     int num_threads;
     void *stream;
 } fi_fp4_quantize_params;
@@ -222,7 +233,7 @@ typedef struct {
 
     /* K and V: element (page, slot, head, d) at base + page * stride_page +
      * slot * stride_n + head * stride_h + d (ragged: page is always 0). kv_dtype is
-     * q_dtype or float8 (E4M3FN, E5M2); k and v share it. */
+     * q_dtype, float8 (E4M3FN, E5M2) or NVFP4 (FP4X2, below); k and v share it. */
     const void *k, *v;
     fi_dtype kv_dtype;
     int64_t k_stride_page, k_stride_n, k_stride_h;
@@ -232,6 +243,16 @@ typedef struct {
     const int32_t *kv_indices;       /* paged only: page ids */
     const int32_t *kv_last_page_len; /* paged only: [num_requests] */
     int64_t page_size;               /* paged only */
+    const int32_t *v_indptr;         /* ragged only: V rows of request b from v_indptr[b]
+                                        instead of kv_indptr[b]; NULL: kv_indptr */
+
+    /* NVFP4 KV (kv_dtype FI_DTYPE_FP4X2): a K/V row holds head_dim / 2 bytes, element 2i
+     * in the low nibble of byte i (strides above count bytes); element d of a row is its
+     * E2M1 value times the E4M3 scale d / 16 of that row, at k_sf + page * k_sf_stride_page
+     * + slot * k_sf_stride_n + head * k_sf_stride_h + d / 16 (v_sf likewise). */
+    const uint8_t *k_sf, *v_sf;
+    int64_t k_sf_stride_page, k_sf_stride_n, k_sf_stride_h;
+    int64_t v_sf_stride_page, v_sf_stride_n, v_sf_stride_h;
 
     /* Optional custom mask: request b's [qo_len, kv_len] booleans, row-major, bit-packed
      * little-endian from byte mask_indptr[b] of mask (1 = visible). NULL: no mask. */
@@ -242,14 +263,24 @@ typedef struct {
     int64_t window_left;   /* >= 0: also j >= i + kv_len - qo_len - window_left */
     float logits_soft_cap; /* > 0: s = cap * tanh(s / cap) */
     float sm_scale;        /* logit scale, already multiplied by q and k scales */
-    float v_scale;         /* output multiplier (fp8 V scale), 1 for none */
+    float v_scale;         /* output multiplier (V scale over output scale), 1 for none */
     fi_pos_encoding pos_encoding;
     float rope_scale, rope_theta;
+    /* Attention sinks: sinks[h] joins the softmax of every row of head h as one more logit
+     * (in the units of the scaled logits, not soft-capped) with no value: it counts in the
+     * denominator and lse, not the output. NULL: none. */
+    const float *sinks;
+    /* Output row of query row i of request b: o_indptr[b] + i (NULL: qo_indptr[b] + i);
+     * lse rows follow q. */
+    const int32_t *o_indptr;
+    /* Split-KV on CUDA: 0 the kernel chooses, -1 never split, > 0 keys per split. The
+     * CPU kernel plans its own splits of long decode KV and ignores this. */
+    int64_t kv_chunk;
 
     /* CUDA only (the CPU kernel ignores them); index arrays and mask are then device
      * pointers, and these bounds come from their host copies, checked by the glue. */
     int device;            /* CUDA device holding every tensor */
-    int64_t total_qo_rows; /* rows of q and o */
+    int64_t total_qo_rows; /* rows of q (and of lse) */
     int64_t max_qo_len;    /* longest request's query rows */
     int64_t max_kv_len;    /* longest request's keys */
 } fi_attention_params;

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from attention_reference import attention as reference
+from test_attention_parity import nvfp4_tensor
 
 import flashinfer
 from flashinfer import _kernels
@@ -271,3 +272,99 @@ def test_capture_without_host_index_copies_is_refused_with_a_message():
     with pytest.raises(RuntimeError, match="capturing a CUDA graph and qo_indptr has no host"):
         with torch.cuda.graph(g):
             _kernels.attention(q, k, k, out, None, indptr_q, indptr_kv)
+
+
+@pytest.mark.parametrize("fixed_split_size", [None, 1, -1])
+def test_decode_sinks_nvfp4_kv_and_split_hints_match_cpu(fixed_split_size):
+    torch.manual_seed(3)
+    page_size, pages, hq, hkv, d = 16, 300, 8, 2, 128
+    kv, sf, _ = nvfp4_tensor((pages, 2, page_size, hkv, d), 4)
+    indptr = torch.tensor([0, 250, 300], dtype=torch.int32)
+    indices = torch.randperm(pages).to(torch.int32)
+    last = torch.tensor([5, 16], dtype=torch.int32)
+    q = torch.randn(2, hq, d, dtype=torch.bfloat16)
+    sinks = torch.randn(hq)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1, device=dev))
+        hint = {} if fixed_split_size is None else dict(fixed_split_size=fixed_split_size)
+        if fixed_split_size == -1:
+            hint = dict(disable_split_kv=True)
+        w.plan(
+            indptr,
+            indices,
+            last,
+            hq,
+            hkv,
+            d,
+            page_size,
+            q_data_type=torch.bfloat16,
+            kv_data_type=torch.uint8,
+            **hint,
+        )
+        outs.append(
+            w.run(
+                q.to(dev), kv.to(dev), kv_cache_sf=sf.to(dev), sinks=sinks.to(dev), return_lse=True
+            )
+        )
+    assert_close(outs[1], outs[0], atol=1e-2, rtol=1e-2)
+
+
+def test_fixed_split_size_is_batch_invariant():
+    torch.manual_seed(5)
+    k = torch.randn(20 * 16, 2, 64, dtype=torch.float16, device="cuda")
+    cache = torch.stack([k, k], 1).reshape(20, 16, 2, 2, 64).transpose(1, 2).contiguous()
+    q = torch.randn(3, 4, 64, dtype=torch.float16, device="cuda")
+    outs = []
+    for batch in (1, 3):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1, device="cuda"))
+        indptr = torch.arange(batch + 1, dtype=torch.int32) * 20
+        w.plan(
+            indptr,
+            torch.arange(20, dtype=torch.int32).repeat(batch),
+            torch.full((batch,), 16, dtype=torch.int32),
+            4,
+            2,
+            64,
+            16,
+            fixed_split_size=4,
+        )
+        outs.append(w.run(q[:batch], cache)[0])
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_ragged_v_indptr_o_indptr_and_sinks_match_cpu():
+    torch.manual_seed(6)
+    qo_indptr = torch.tensor([0, 3, 700], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 900, 1000], dtype=torch.int32)
+    v_indptr = torch.tensor([100, 0, 1000], dtype=torch.int32)
+    o_indptr = torch.tensor([697, 0, 700], dtype=torch.int32)
+    q = torch.randn(700, 4, 64, dtype=torch.float16)
+    k = torch.randn(1000, 2, 64, dtype=torch.float16)
+    v = torch.randn(1000, 2, 64, dtype=torch.float16)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(1, device=dev))
+        w.plan(qo_indptr, kv_indptr, 4, 2, 64, causal=True, v_indptr=v_indptr, o_indptr=o_indptr)
+        outs.append(
+            w.run(*(t.to(dev) for t in (q, k, v)), return_lse=True, lse_layout="HN", lse_base="ln")
+        )
+    assert_close(outs[1], outs[0])
+    cache = torch.randn(8, 2, 16, 2, 64, dtype=torch.float16)
+    sinks = torch.randn(4)
+    res = []
+    for dev in ("cpu", "cuda"):
+        p = flashinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(1, device=dev))
+        p.plan(
+            torch.tensor([0, 5], dtype=torch.int32),
+            torch.tensor([0, 8], dtype=torch.int32),
+            torch.arange(8, dtype=torch.int32),
+            torch.tensor([9], dtype=torch.int32),
+            4,
+            2,
+            64,
+            16,
+            causal=True,
+        )
+        res.append(p.run(q[:5].to(dev), cache.to(dev), sinks=sinks.to(dev), return_lse=True))
+    assert_close(res[1], res[0])

@@ -213,3 +213,21 @@ def test_mm_fp4_scales_on_cpu_are_rejected():
     sf = torch.zeros((128, 4), dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"a_descale is on cpu:0 but a is on cuda:0"):
         mm_fp4(a_q, b, sf, sf.cuda())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_nvfp4_per_token_with_row_map_bit_exact_with_cpu(layout):
+    x = _data(300, 256, 30, torch.bfloat16)
+    rows = torch.randperm(300).to(torch.int32)
+    rows[::7] = -1
+    args = dict(
+        sfLayout=layout,
+        per_token_activation=True,
+        expanded_idx_to_permuted_idx=rows,
+        out_scale=torch.tensor(2.0),
+    )
+    want = nvfp4_quantize(x, torch.tensor(1.0 / 2688), **args)
+    args.update(expanded_idx_to_permuted_idx=rows.cuda(), out_scale=torch.tensor(2.0).cuda())
+    got = nvfp4_quantize(x.cuda(), torch.tensor(1.0 / 2688).cuda(), **args)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
