@@ -580,39 +580,27 @@ NARROW_INT_ROW(row_u16, 2, LOAD_U16)
 NARROW_INT_ROW(row_i32, 4, LOAD_I32)
 NARROW_INT_ROW(row_u32, 4, LOAD_U32)
 
-static void row_i64(void *acc, const char *p, int64_t n, int64_t step)
-{
-    int_acc *a = acc;
-    int64_t lo = a->min, hi = a->max;
-    __int128 sum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, p + i * step, 8);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-        sum += v;
+/* 64-bit integers: the sum in 128 bits of the element's signedness. */
+#define WIDE_INT_ROW(NAME, ACC, T, SUM_T)                                                          \
+    static void NAME(void *acc, const char *p, int64_t n, int64_t step)                            \
+    {                                                                                              \
+        ACC *a = acc;                                                                              \
+        T lo = a->min, hi = a->max;                                                                \
+        SUM_T sum = 0;                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            T v;                                                                                   \
+            memcpy(&v, p + i * step, 8);                                                           \
+            lo = v < lo ? v : lo;                                                                  \
+            hi = v > hi ? v : hi;                                                                  \
+            sum += v;                                                                              \
+        }                                                                                          \
+        a->min = lo;                                                                               \
+        a->max = hi;                                                                               \
+        a->sum += sum;                                                                             \
     }
-    a->min = lo;
-    a->max = hi;
-    a->sum += sum;
-}
 
-static void row_u64(void *acc, const char *p, int64_t n, int64_t step)
-{
-    uint64_acc *a = acc;
-    uint64_t lo = a->min, hi = a->max;
-    unsigned __int128 sum = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t v;
-        memcpy(&v, p + i * step, 8);
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-        sum += v;
-    }
-    a->min = lo;
-    a->max = hi;
-    a->sum += sum;
-}
+WIDE_INT_ROW(row_i64, int_acc, int64_t, __int128)
+WIDE_INT_ROW(row_u64, uint64_acc, uint64_t, unsigned __int128)
 
 /* One-byte dtypes (float8 kinds, int8, uint8, bool) are counted into a histogram of the
  * 256 codes; the statistics come from decoding each code present once. Long contiguous
