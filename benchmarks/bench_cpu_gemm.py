@@ -68,7 +68,9 @@ def case_mm_fp8(m, n, k):
     return f"mm_fp8 m={m} n={n} k={k}", ours, theirs, 2 * m * n * k
 
 
-def case_mm_fp4(m, n, k):
+def nvfp4_mm_operands(m, n, k):
+    """Random bf16 a [m, k] and w [n, k], and mm_fp4(a, w^T) as a call on their NVFP4
+    quantizations into a preallocated output; returns (a, w, call, nvfp4 bytes read)."""
     a = torch.randn(m, k, dtype=torch.bfloat16)
     w = torch.randn(n, k, dtype=torch.bfloat16)
     gsf_a = (448 * 6) / a.float().abs().max()
@@ -77,10 +79,16 @@ def case_mm_fp4(m, n, k):
     w_q, w_sf = flashinfer.nvfp4_quantize(w, gsf_w, do_shuffle=False)
     alpha = 1.0 / (gsf_a * gsf_w)
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    wf = w.float()
 
-    def ours():
+    def call():
         return flashinfer.mm_fp4(a_q, w_q.T, a_sf, w_sf.T, alpha, torch.bfloat16, out)
+
+    return a, w, call, a_q.nbytes + w_q.nbytes + a_sf.nbytes + w_sf.nbytes
+
+
+def case_mm_fp4(m, n, k):
+    a, w, ours, _ = nvfp4_mm_operands(m, n, k)
+    wf = w.float()
 
     def theirs():  # not the same values (no quantization), only the matmul cost
         return (a.float() @ wf.T).to(torch.bfloat16)

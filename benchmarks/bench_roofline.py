@@ -34,7 +34,7 @@ except ImportError:  # run from a source checkout without installing the package
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import flashinfer
 
-from bench_cpu_gemm import to_fp8  # noqa: E402 (the same e4m3 operands as that benchmark)
+from bench_cpu_gemm import nvfp4_mm_operands, to_fp8  # noqa: E402 (that benchmark's operands)
 
 GB = 1e9
 BANDWIDTH, BMM = "read bandwidth", "f32 bmm rate"
@@ -185,21 +185,9 @@ def case_mm_fp8(m, n, k):
 
 
 def case_mm_fp4(m, n, k):
-    a = torch.randn(m, k, dtype=torch.bfloat16)
-    w = torch.randn(n, k, dtype=torch.bfloat16)
-    gsf_a = (448 * 6) / a.float().abs().max()
-    gsf_w = (448 * 6) / w.float().abs().max()
-    a_q, a_sf = flashinfer.nvfp4_quantize(a, gsf_a, do_shuffle=False)
-    w_q, w_sf = flashinfer.nvfp4_quantize(w, gsf_w, do_shuffle=False)
-    alpha = 1.0 / (gsf_a * gsf_w)
-    out = torch.empty(m, n, dtype=torch.bfloat16)
+    _, _, run, moved = nvfp4_mm_operands(m, n, k)
     name = f"mm_fp4 nvfp4 m={m} n={n} k={k}"
-
-    def run():
-        return flashinfer.mm_fp4(a_q, w_q.T, a_sf, w_sf.T, alpha, torch.bfloat16, out)
-
     if m < 256:
-        moved = a_q.nbytes + w_q.nbytes + a_sf.nbytes + w_sf.nbytes
         return name, run, moved, BANDWIDTH, 2 * m * n * k
     return name, run, 2 * m * n * k, BMM, 2 * m * n * k
 
