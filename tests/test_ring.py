@@ -333,6 +333,49 @@ for t in threads: t.join()
     assert len(triggers(root)) == 2
 
 
+def test_threads_racing_evictions_and_triggers_keep_each_call_whole(tmp_path):
+    # A thread that drops the GIL inside a call (a tiny switch interval forces it) must
+    # not find its slot taken over by other threads' calls, or freed by their triggers:
+    # every written call's tensors are its own (this once mixed calls' files).
+    body = """
+import threading
+sys.setswitchinterval(1e-6)
+def work(t):
+    for i in range(150):
+        h.step(torch.full((64,), t * 1000.0 + i), t * 1000 + i)
+        if i % 7 == 3:
+            try:
+                h.fail(torch.ones(1))
+            except ValueError:
+                pass
+threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+    run_child(
+        tmp_path,
+        body,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="exception",
+        FLASHINFER_DUMP_MAX_TRIGGERS=100000,
+    )
+    root = tmp_path / "dumps"
+    assert_whole_dumps(root)
+    steps = 0
+    for path, recs in dumpdir.ordered_dumps(root):
+        if recs[0]["function_name"] != "step":
+            continue
+        steps += 1
+        v = float(recs[0]["input_metadata"]["arg_1"])
+        assert all(r["input_metadata"]["arg_1"] == v for r in recs), path
+        x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+        assert torch.equal(x, torch.full((64,), v)), path
+        if os.path.exists(os.path.join(path, "outputs.pt")):
+            y = torch.load(os.path.join(path, "outputs.pt"))["result"]
+            assert torch.equal(y, torch.full((64,), 2 * v)), path
+    assert steps > 100  # about 3 steps per trigger, 8 * 21 triggers
+
+
 def test_disk_ring_keeps_exactly_the_last_n_directories(tmp_path):
     run_child(tmp_path, STEPS.format(n=50, nan_at=-1), FLASHINFER_DUMP_RING=5)
     root = tmp_path / "dumps"

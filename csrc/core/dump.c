@@ -44,9 +44,10 @@ struct fi_dump_call {
     PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
     graph_entry *graph;
     int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
-    /* in-memory ring: the slot holding the call's files (files while it is written) */
+    /* in-memory ring: the call's slot, and its files while the call writes them (files
+     * points at own then, else NULL: the slot holds them, or it is gone) */
     fi_ring_ticket ticket;
-    fi_ring_files *files;
+    fi_ring_files own, *files;
     int in_ring;
     const char *trigger; /* a trigger the inputs fired (nan_input), fired at the end */
     int tensors_skipped; /* larger than the ring's budget: records only */
@@ -579,21 +580,23 @@ static void call_free(fi_dump_call *call)
     Py_XDECREF(call->graph_capsule);
     if (call->meta_fd >= 0)
         close(call->meta_fd);
+    fi_ring_files_free(&call->own);
     free(call->dir);
     free(call);
 }
 
 /* Claims the call's slot in the in-memory ring. A call larger than the whole budget keeps
- * only its records (call->files NULL while the slot holds them), with one warning. */
+ * only its records, with one warning. */
 static int claim_slot(fi_dump_call *call, long long bytes)
 {
     fi_logger *lg = call->lg;
-    int r = fi_ring_claim(lg->ring, call->dir, bytes > 0 ? (size_t)bytes : 0, &call->ticket);
+    int r = fi_ring_claim(lg->ring, call->dir, bytes > 0 ? (size_t)bytes : 0, &call->ticket,
+                          &call->own);
     if (r < 0) {
         PyErr_NoMemory();
         return -1;
     }
-    call->files = fi_ring_open(lg->ring, &call->ticket);
+    call->files = &call->own;
     if (r == 1) {
         if (!lg->ring_warned)
             log_line(lg,
@@ -615,8 +618,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     fi_dump_call *call = calloc(1, sizeof(*call));
-    if (call)
+    if (call) {
         call->meta_fd = -1;
+        fi_ring_files_init(&call->own);
+    }
     fi_dump_tensors ts = {0};
     PyObject *input_meta = PyDict_New();
     if (!call || !input_meta || fi_dump_tensors_init(&ts) < 0)
@@ -679,7 +684,8 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         (capturing && hold_for_graph(call, ts.tensors) < 0))
         goto error;
     if (call->in_ring) {
-        fi_ring_done(lg->ring, &call->ticket);
+        fi_ring_done(lg->ring, &call->ticket, &call->own);
+        call->files = NULL;
     } else {
         log_line(lg, "Dumped inputs to: %s (size: %.2f MB, total: %lld/%lld dumps%s)", call->dir,
                  (double)ts.bytes / MB, lg->dump_count, lg->cfg.max_count,
@@ -807,7 +813,8 @@ static void log_outputs_dumped(fi_dump_call *call)
 static void ring_call_done(fi_dump_call *call, int raised)
 {
     fi_logger *lg = call->lg;
-    fi_ring_done(lg->ring, &call->ticket);
+    fi_ring_done(lg->ring, &call->ticket, &call->own);
+    call->files = NULL;
     const char *trigger = call->trigger;
     if (raised && (lg->cfg.dump_on & FI_TRIGGER_EXCEPTION))
         trigger = "exception";
@@ -821,7 +828,8 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     PyErr_Fetch(&et, &ev, &tb);
     fi_stats_forget(); /* the inputs' log text is written by now */
     if (call->in_ring) /* NULL when the call's slot is gone (evicted, or the ring fired) */
-        call->files = fi_ring_open(call->lg->ring, &call->ticket);
+        call->files =
+            fi_ring_open(call->lg->ring, &call->ticket, &call->own) == 0 ? &call->own : NULL;
     int r;
     if (result) {
         r = finish_completed(call, result);

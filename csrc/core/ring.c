@@ -188,7 +188,40 @@ int fi_ring_recording(fi_ring *r)
     return 0;
 }
 
-int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t)
+/* Moves src's contents to dst (whose own buffers are already released); src is left empty.
+ * A short buffer lives in its struct's inline array, so it is copied, not pointed at. */
+static void buf_move(fi_buf *dst, fi_buf *src)
+{
+    if (src->data == src->inline_data) {
+        fi_buf_init(dst);
+        memcpy(dst->inline_data, src->inline_data, src->len + 1);
+        dst->len = src->len;
+        dst->oom = src->oom;
+    } else {
+        *dst = *src;
+    }
+    fi_buf_init(src);
+}
+
+static void files_move(fi_ring_files *dst, fi_ring_files *src)
+{
+    dst->inputs = src->inputs;
+    dst->outputs = src->outputs;
+    src->inputs = src->outputs = (fi_image){0};
+    buf_move(&dst->meta, &src->meta);
+    buf_move(&dst->trigger_keys, &src->trigger_keys);
+}
+
+void fi_ring_files_init(fi_ring_files *f)
+{
+    f->inputs = f->outputs = (fi_image){0};
+    fi_buf_init(&f->meta);
+    fi_buf_init(&f->trigger_keys);
+}
+
+void fi_ring_files_free(fi_ring_files *f) { files_free(f); }
+
+int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, fi_ring_files *out)
 {
     char *copy = strdup(dir);
     if (!copy)
@@ -203,14 +236,16 @@ int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t)
         evict_oldest(r, 0);
     int too_big = r->used - retained + bytes > r->budget;
     slot_take(r, s);
+    files_free(out);
+    files_move(out, &s->files); /* the call writes its own copy: see fi_ring_open */
     if (too_big) {
-        files_free(&s->files);
+        files_free(out);
         r->used -= s->bytes;
         s->bytes = 0;
     }
-    s->files.inputs.len = s->files.outputs.len = 0;
-    fi_buf_reset(&s->files.meta);
-    fi_buf_reset(&s->files.trigger_keys);
+    out->inputs.len = out->outputs.len = 0;
+    fi_buf_reset(&out->meta);
+    fi_buf_reset(&out->trigger_keys);
     s->dir = copy;
     s->generation = ++r->generation;
     r->count++;
@@ -219,20 +254,26 @@ int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t)
     return too_big;
 }
 
-fi_ring_files *fi_ring_open(fi_ring *r, const fi_ring_ticket *t)
+int fi_ring_open(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *out)
 {
     slot *s = &r->slots[t->index];
     if (s->generation != t->generation || !s->dir)
-        return NULL;
+        return -1;
     slot_take(r, s);
-    return &s->files;
+    files_free(out);
+    files_move(out, &s->files);
+    return 0;
 }
 
-void fi_ring_done(fi_ring *r, const fi_ring_ticket *t)
+void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files)
 {
     slot *s = &r->slots[t->index];
-    if (s->generation != t->generation)
+    if (s->generation != t->generation) { /* evicted, or the ring fired, meanwhile */
+        files_free(files);
         return;
+    }
+    files_free(&s->files);
+    files_move(&s->files, files);
     size_t now = files_bytes(&s->files);
     r->used = r->used - s->bytes + now;
     s->bytes = now;

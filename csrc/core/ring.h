@@ -35,15 +35,23 @@ int fi_ring_disk_push(fi_ring *r, const char *dir);
 /* Memory ring: whether calls are still recorded (false once max_triggers fired). */
 int fi_ring_recording(fi_ring *r);
 
-/* Makes room for a call of about bytes tensor bytes (evicting the oldest calls) and
- * claims the newest slot, named dir, for writing. Returns 0, or 1 when the call alone
- * exceeds the budget (the slot then gets no tensor files), -1 when out of memory. */
-int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t);
+/* A call's files while it writes them: its own, outside the ring, so that nothing another
+ * thread does to the ring meanwhile (evicting the slot, firing) can touch them. */
+void fi_ring_files_init(fi_ring_files *f);
+void fi_ring_files_free(fi_ring_files *f);
 
-/* The files of a claimed slot, for writing: NULL when the slot was evicted or the
- * ring fired since (the call is then not recorded). fi_ring_done publishes them. */
-fi_ring_files *fi_ring_open(fi_ring *r, const fi_ring_ticket *t);
-void fi_ring_done(fi_ring *r, const fi_ring_ticket *t);
+/* Makes room for a call of about bytes tensor bytes (evicting the oldest calls) and
+ * claims the newest slot, named dir. Its buffers move to out (emptied, for reuse) until
+ * fi_ring_done. Returns 0, or 1 when the call alone exceeds the budget (the slot then
+ * gets no tensor files), -1 when out of memory. */
+int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, fi_ring_files *out);
+
+/* Moves a claimed slot's files to out, to add to them: -1 when the slot was evicted or
+ * the ring fired since (the call is then not recorded). fi_ring_done moves files back
+ * into the slot and publishes them, or frees them when the slot is gone; either way
+ * files is left empty. A slot is not written by a trigger while its files are out. */
+int fi_ring_open(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *out);
+void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files);
 
 /* Writes the ring's calls (call order) as dump directories plus a trigger record in
  * session.jsonl naming trigger and the newest call, then starts the ring again.
