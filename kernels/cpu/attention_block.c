@@ -564,7 +564,7 @@ const fi_attention_block_ops *fi_attention_block_ops_for(int64_t d)
 {
 #ifdef FI_HAVE_X86_SIMD
     if (d % 32 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        fi_cpu_has_f16c())
         return &avx2_ops;
 #endif
     (void)d;

@@ -11,4 +11,21 @@
 #define FI_AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 #endif
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
+
+/* Whether the CPU has F16C (cpuid leaf 1, ecx bit 29). __builtin_cpu_supports has no
+ * "f16c" in clang before 16, and the fuzz build uses clang. Asked once: cpuid is slow
+ * under a hypervisor. */
+static inline int fi_cpu_has_f16c(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        unsigned a, b, c, d;
+        known = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 1 : 0;
+    }
+    return known;
+}
+#endif
+
 #endif

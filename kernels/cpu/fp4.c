@@ -266,7 +266,7 @@ typedef void (*row_quantizer)(const fi_fp4_quantize_params *, const scale_table 
 static row_quantizer pick_row_quantizer(const fi_fp4_quantize_params *p)
 {
 #ifdef FI_HAVE_X86_SIMD
-    if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+    if (p->x.stride[1] == 1 && __builtin_cpu_supports("avx2") && fi_cpu_has_f16c())
         return quantize_row_avx2;
 #endif
     return quantize_row;

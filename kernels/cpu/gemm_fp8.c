@@ -291,7 +291,7 @@ static void (*pick_dot_b(const fi_gemm_fp8_params *p))(const void *, int64_t, in
     int contiguous =
         p->b_layout == FI_GEMM_B_BLOCK_K128 ? p->b.stride[2] == 1 : p->b.stride[1] == 1;
     if (contiguous && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        fi_cpu_has_f16c())
         return dot_b_avx2;
 #endif
     (void)p;
