@@ -9,6 +9,7 @@ from flashinfer_native import _C
 TRICKY = [
     "plain",
     'quote " backslash \\ slash /',
+    '"escapes at both ends\\',
     "\n\r\t\b\f\x00\x01\x1f\x7f",
     "caf\u00e9 \u2028 \uffff",
     "astral \U0001f600 \U0010ffff",

@@ -142,9 +142,24 @@ static int put_pystr(fi_buf *b, PyObject *s)
     const void *data = PyUnicode_DATA(s);
     if (fi_buf_putc(b, '"') < 0)
         return oom();
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (put_codepoint(b, PyUnicode_READ(kind, data, i)) < 0)
-            return oom();
+    if (PyUnicode_IS_ASCII(s)) { /* the common case: runs that need no escape go whole */
+        const unsigned char *p = data;
+        Py_ssize_t i = 0;
+        while (i < n) {
+            Py_ssize_t j = i;
+            while (j < n && p[j] >= 0x20 && p[j] < 0x7f && p[j] != '"' && p[j] != '\\')
+                j++;
+            if (j > i && fi_buf_append(b, (const char *)p + i, (size_t)(j - i)) < 0)
+                return oom();
+            if (j < n && put_codepoint(b, p[j]) < 0)
+                return oom();
+            i = j + 1;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (put_codepoint(b, PyUnicode_READ(kind, data, i)) < 0)
+                return oom();
+    }
     return fi_buf_putc(b, '"') < 0 ? oom() : 0;
 }
 
