@@ -822,11 +822,15 @@ static void ring_call_done(fi_dump_call *call, int raised)
         fire_ring(lg, trigger, PyUnicode_AsUTF8(call->name));
 }
 
+int fi_dump_checks_outputs(const fi_dump_call *call)
+{
+    return call->in_ring && (call->lg->cfg.dump_on & (FI_TRIGGER_NAN | FI_TRIGGER_INF));
+}
+
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    fi_stats_forget(); /* the inputs' log text is written by now */
     if (call->in_ring) /* NULL when the call's slot is gone (evicted, or the ring fired) */
         call->files =
             fi_ring_open(call->lg->ring, &call->ticket, &call->own) == 0 ? &call->own : NULL;
@@ -847,6 +851,7 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
         log_outputs_dumped(call);
     if (call->in_ring)
         ring_call_done(call, result == NULL);
+    fi_stats_forget(); /* what the inputs' dump and the outputs' text took */
     call_free(call);
     if (tb && ev)
         PyException_SetTraceback(ev, tb);

@@ -28,6 +28,10 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
  * exception is read for the record and left in place. Frees call. */
 void fi_dump_end(fi_dump_call *call, PyObject *result);
 
+/* Whether the call's outputs get a nan/inf check (the in-memory ring's triggers), which
+ * can reuse the statistics their level-5 text takes (fi_stats_remember_taken). */
+int fi_dump_checks_outputs(const fi_dump_call *call);
+
 /* Adds the Logger's methods for calls recorded during CUDA graph capture (after
  * fi_logger_exec), each held with the graph being captured (Logger.capture_graph, set by
  * graph_hooks): flush_graph_dumps(graph=None) writes those of one graph (or all) with the

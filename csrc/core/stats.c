@@ -212,6 +212,9 @@ typedef struct {
 
 static remembered_stats remembered[REMEMBERED_MAX];
 static int remembered_count;
+static int remember_taken;
+
+void fi_stats_remember_taken(int on) { remember_taken = on; }
 
 /* tensor._version, or -1 (no exception) when it cannot be read. */
 static long long version_of(PyObject *tensor)
@@ -281,7 +284,11 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
                      fi_dtype_name(t->dtype), t->ndim);
         return -1;
     }
-    return apply_neg_bit(tensor, out);
+    if (apply_neg_bit(tensor, out) < 0)
+        return -1;
+    if (remember_taken)
+        fi_stats_remember(tensor, out);
+    return 0;
 }
 
 #ifdef FI_WITH_CUDA

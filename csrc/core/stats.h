@@ -25,6 +25,10 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
  * and version counter are unchanged. The dump forgets them when its call ends. */
 void fi_stats_remember(PyObject *tensor, const fi_stats *stats);
 void fi_stats_forget(void);
+/* While on, the statistics fi_stats_of_tensor takes of CPU tensors are remembered too:
+ * the level-5 text of a call's outputs, which the flight recorder's nan/inf check then
+ * reads instead of a second pass over the outputs. */
+void fi_stats_remember_taken(int on);
 
 /* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
  * each) and ended by '\n'; nothing for FI_STATS_NONE. As in FlashInfer's log, a tensor

@@ -11,6 +11,7 @@
 #include "json.h"
 #include "logger.h"
 #include "module.h"
+#include "stats.h"
 #include "strbuf.h"
 #include "tensor.h"
 
@@ -383,10 +384,13 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
         fi_buf_reset(&b);
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
+        int remember = dump && fi_dump_checks_outputs(dump);
+        fi_stats_remember_taken(remember);
         if ((json ? json_output(&b, w, name, call_id, result) : format_output(&b, w, result)) == 0)
             emit_buf(lg, &b);
         else
             emit_logging_error(lg, name, "outputs");
+        fi_stats_remember_taken(0);
         PyErr_Restore(et, ev, tb);
     } else if (!result && detailed && json) {
         emit_json_exception(lg, name, call_id);
