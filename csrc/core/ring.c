@@ -125,7 +125,7 @@ int fi_ring_disk_push(fi_ring *r, const char *dir)
 
 /* ----------------------------------------------------------- memory ring */
 
-static void files_free(fi_ring_files *f)
+void fi_ring_files_free(fi_ring_files *f)
 {
     fi_image_free(&f->inputs);
     fi_image_free(&f->outputs);
@@ -154,7 +154,7 @@ static void evict_oldest(fi_ring *r, int keep_buffers)
     free(s->dir);
     s->dir = NULL;
     if (!keep_buffers) {
-        files_free(&s->files);
+        fi_ring_files_free(&s->files);
         r->used -= s->bytes;
         s->bytes = 0;
     }
@@ -172,7 +172,7 @@ static void reset(fi_ring *r)
     for (long long i = 0; i < r->n; i++) {
         r->used -= r->slots[i].bytes;
         r->slots[i].bytes = 0;
-        files_free(&r->slots[i].files);
+        fi_ring_files_free(&r->slots[i].files);
     }
     atomic_store(&r->restart_pending, 0);
 }
@@ -219,8 +219,6 @@ void fi_ring_files_init(fi_ring_files *f)
     fi_buf_init(&f->trigger_keys);
 }
 
-void fi_ring_files_free(fi_ring_files *f) { files_free(f); }
-
 int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, fi_ring_files *out)
 {
     char *copy = strdup(dir);
@@ -236,10 +234,10 @@ int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, 
         evict_oldest(r, 0);
     int too_big = r->used - retained + bytes > r->budget;
     slot_take(r, s);
-    files_free(out);
+    fi_ring_files_free(out);
     files_move(out, &s->files); /* the call writes its own copy: see fi_ring_open */
     if (too_big) {
-        files_free(out);
+        fi_ring_files_free(out);
         r->used -= s->bytes;
         s->bytes = 0;
     }
@@ -260,7 +258,7 @@ int fi_ring_open(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *out)
     if (s->generation != t->generation || !s->dir)
         return -1;
     slot_take(r, s);
-    files_free(out);
+    fi_ring_files_free(out);
     files_move(out, &s->files);
     return 0;
 }
@@ -269,10 +267,10 @@ void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files)
 {
     slot *s = &r->slots[t->index];
     if (s->generation != t->generation) { /* evicted, or the ring fired, meanwhile */
-        files_free(files);
+        fi_ring_files_free(files);
         return;
     }
-    files_free(&s->files);
+    fi_ring_files_free(&s->files);
     files_move(&s->files, files);
     size_t now = files_bytes(&s->files);
     r->used = r->used - s->bytes + now;
@@ -294,7 +292,7 @@ void fi_ring_free(fi_ring *r)
     uninstall_signals(r);
     for (long long i = 0; r->slots && i < r->n; i++) {
         free(r->slots[i].dir);
-        files_free(&r->slots[i].files);
+        fi_ring_files_free(&r->slots[i].files);
     }
     for (long long i = 0; r->dirs && i < r->n; i++)
         free(r->dirs[i]);
