@@ -443,6 +443,14 @@ _DIFF_MARKS = {
 }
 
 
+def _command():
+    """How the user runs this command line here: ``python -m flashinfer_native`` next to
+    an installed FlashInfer (whose own ``flashinfer`` command has no triage commands),
+    else ``flashinfer``."""
+    root = click.get_current_context().find_root().info_name
+    return "python -m flashinfer_native" if root == "flashinfer_native" else "flashinfer"
+
+
 def _diff_sides(entry, roots):
     """Indented lines naming the call's dump directory on each side."""
     return [
@@ -549,7 +557,7 @@ def diff(a, b, rtol, atol, json_path, verbose):
             click.echo(f"    {reason}")
         side = "a" if "a" in first else "b"
         where = os.path.join(roots[side], first[side]["dir"])
-        click.echo(f"Reproduce it: flashinfer repro {where} -o repro_{side}")
+        click.echo(f"Reproduce it: {_command()} repro {where} -o repro_{side}")
     summary = {
         "matched": counts["same"] + counts["diverged"],
         "same": counts["same"],

@@ -31,8 +31,8 @@ def session(root, flashinfer_style=False, alpha=2.0, extra_call=False, bump=0.0)
     return writer
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, ["diff", *map(str, args)])
+def invoke(*args, prog_name=None):
+    return CliRunner().invoke(cli, ["diff", *map(str, args)], prog_name=prog_name)
 
 
 def test_identical_sessions_exit_0_and_say_nothing_diverged(tmp_path):
@@ -66,6 +66,17 @@ def test_first_divergence_names_the_call_and_the_max_differences(tmp_path):
     assert lines[at + 3] == reason
     assert lines[at + 5] == f"Reproduce it: flashinfer repro {lines[at + 1][7:]} -o repro_a"
     assert lines[-1] == "Summary: 5 matched calls, 4 same, 1 diverged; 0 only in A, 0 only in B"
+
+
+def test_repro_hint_next_to_flashinfer_names_the_cores_command(tmp_path):
+    # next to flashinfer-python, "flashinfer" is FlashInfer's own command, without repro
+    a = session(tmp_path / "a")
+    session(tmp_path / "b", bump=0.25)
+    result = invoke(tmp_path / "a", tmp_path / "b", prog_name="flashinfer_native")
+    where = os.path.join(tmp_path / "a", os.path.basename(a.dirs[3]))
+    assert f"Reproduce it: python -m flashinfer_native repro {where} -o repro_a" in (
+        result.output.splitlines()
+    )
 
 
 def test_differences_within_tolerance_do_not_diverge(tmp_path):
