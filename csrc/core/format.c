@@ -52,8 +52,11 @@ static int put_text(fi_buf *b, PyObject *obj, int use_repr)
 static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
 {
     fi_buf_putc(b, '(');
-    for (int i = 0; i < n; i++)
-        fi_buf_printf(b, i ? ", %lld" : "%lld", (long long)v[i]);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            fi_buf_puts(b, ", ");
+        fi_buf_put_i64(b, (long long)v[i]);
+    }
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
@@ -96,9 +99,9 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
         return -1;
     fi_buf_putc(b, '\n');
     fi_buf_indent(b, indent + 1);
-    fi_buf_printf(b, "requires_grad=%s\n", requires_grad ? "True" : "False");
+    fi_buf_puts(b, requires_grad ? "requires_grad=True\n" : "requires_grad=False\n");
     fi_buf_indent(b, indent + 1);
-    fi_buf_printf(b, "is_contiguous=%s\n", fi_tensor_is_contiguous(&t) ? "True" : "False");
+    fi_buf_puts(b, fi_tensor_is_contiguous(&t) ? "is_contiguous=True\n" : "is_contiguous=False\n");
     if (level >= 5 && fi_stats_format_tensor(b, tensor, &t, indent + 1) < 0)
         return -1;
     fi_buf_indent(b, indent);
@@ -136,7 +139,9 @@ static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int 
         PyObject *item = is_list ? PyList_GET_ITEM(seq, i) : PyTuple_GET_ITEM(seq, i);
         Py_INCREF(item);
         fi_buf_indent(b, indent + 1);
-        fi_buf_printf(b, "[%zd]: ", i);
+        fi_buf_putc(b, '[');
+        fi_buf_put_i64(b, (long long)i);
+        fi_buf_puts(b, "]: ");
         /* the item's own indentation follows the "[i]: " (FlashInfer's layout) */
         int r = fi_format_value(b, item, indent + 1, level);
         Py_DECREF(item);

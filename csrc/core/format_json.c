@@ -37,27 +37,6 @@ int fi_format_json_exec(PyObject *module)
     return 0;
 }
 
-/* Decimal digits of v, without printf (records are built on every call). */
-static int put_u64(fi_buf *b, unsigned long long v)
-{
-    char digits[24];
-    int n = sizeof digits;
-    do {
-        digits[--n] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return fi_buf_append(b, digits + n, sizeof digits - (size_t)n);
-}
-
-static int put_i64(fi_buf *b, long long v)
-{
-    if (v < 0) {
-        fi_buf_putc(b, '-');
-        return put_u64(b, 0ull - (unsigned long long)v);
-    }
-    return put_u64(b, (unsigned long long)v);
-}
-
 int fi_format_json_head(fi_buf *b, const char *event, const char *api, long long call_id)
 {
     struct timeval tv;
@@ -71,16 +50,16 @@ int fi_format_json_head(fi_buf *b, const char *event, const char *api, long long
     }
     if (call_id >= 0) {
         fi_buf_puts(b, ", \"call_id\": ");
-        put_i64(b, call_id);
+        fi_buf_put_i64(b, call_id);
     }
     fi_buf_puts(b, ", \"timestamp\": ");
-    put_i64(b, (long long)tv.tv_sec);
+    fi_buf_put_i64(b, (long long)tv.tv_sec);
     char usec[8] = {'.'};
     for (int i = 6, u = (int)tv.tv_usec; i >= 1; i--, u /= 10)
         usec[i] = (char)('0' + u % 10);
     fi_buf_append(b, usec, 7);
     fi_buf_puts(b, ", \"pid\": ");
-    return put_i64(b, process_id());
+    return fi_buf_put_i64(b, process_id());
 }
 
 int fi_format_json_close(fi_buf *b)
@@ -137,7 +116,7 @@ static int put_int_array(fi_buf *b, const int64_t *v, int n)
     for (int i = 0; i < n; i++) {
         if (i)
             fi_buf_puts(b, ", ");
-        put_i64(b, v[i]);
+        fi_buf_put_i64(b, v[i]);
     }
     return fi_buf_putc(b, ']');
 }
@@ -303,7 +282,7 @@ static int put_int(fi_buf *b, PyObject *v)
     if (x == -1 && PyErr_Occurred())
         return -1;
     if (!overflow)
-        return put_i64(b, x);
+        return fi_buf_put_i64(b, x);
     PyObject *digits = PyObject_Str(v);
     if (!digits)
         return -1;

@@ -448,9 +448,13 @@ int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent)
         put_float_line(buf, indent, "max", has_nan ? NAN : st->max);
         put_float_line(buf, indent, "mean", has_nan ? NAN : st->mean);
         fi_buf_indent(buf, indent);
-        fi_buf_printf(buf, "nan_count=%lld\n", (long long)st->nan_count);
+        fi_buf_puts(buf, "nan_count=");
+        fi_buf_put_i64(buf, (long long)st->nan_count);
+        fi_buf_putc(buf, '\n');
         fi_buf_indent(buf, indent);
-        fi_buf_printf(buf, "inf_count=%lld\n", (long long)st->inf_count);
+        fi_buf_puts(buf, "inf_count=");
+        fi_buf_put_i64(buf, (long long)st->inf_count);
+        fi_buf_putc(buf, '\n');
         break;
     case FI_STATS_INT:
         fi_buf_indent(buf, indent);

@@ -181,11 +181,22 @@ static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kw
     return count;
 }
 
+/* "[timestamp] FlashInfer API Call: NAME" */
+static void put_call_line(fi_buf *b, const char *timestamp, const char *name)
+{
+    fi_buf_puts(b, timestamp);
+    fi_buf_puts(b, " FlashInfer API Call: ");
+    fi_buf_puts(b, name);
+    fi_buf_putc(b, '\n');
+}
+
 static int text_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
 {
     if (first)
         fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
-    fi_buf_printf(b, "  %s= [DEFAULT]\n", name);
+    fi_buf_puts(b, "  ");
+    fi_buf_puts(b, name);
+    fi_buf_puts(b, "= [DEFAULT]\n");
     return fi_format_value(b, value, 2, level);
 }
 
@@ -205,14 +216,16 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
     int level = w->logger->cfg.level;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     fi_buf_puts(b, SEP_LINE);
-    fi_buf_printf(b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(w->logger), name);
+    put_call_line(b, fi_logger_timestamp(w->logger), name);
     fi_buf_puts(b, DASH_LINE);
     if (nargs == 0 && nkw == 0)
         fi_buf_puts(b, "(No explicit arguments)\n");
     if (nargs > 0)
         fi_buf_puts(b, "Positional input arguments:\n");
     for (Py_ssize_t i = 0; i < nargs; i++) {
-        fi_buf_printf(b, "  arg[%zd]:\n", i);
+        fi_buf_puts(b, "  arg[");
+        fi_buf_put_i64(b, (long long)i);
+        fi_buf_puts(b, "]:\n");
         if (fi_format_value(b, args[i], 2, level) < 0)
             return -1;
     }
@@ -222,7 +235,9 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         const char *key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
         if (!key)
             return -1;
-        fi_buf_printf(b, "  %s=\n", key);
+        fi_buf_puts(b, "  ");
+        fi_buf_puts(b, key);
+        fi_buf_puts(b, "=\n");
         if (fi_format_value(b, args[nargs + i], 2, level) < 0)
             return -1;
     }
@@ -276,7 +291,7 @@ static void format_call_line(fi_buf *b, fi_logger *lg, const char *name, long lo
         fi_format_json_head(b, "call", name, call_id);
         fi_buf_puts(b, ", \"level\": 1}\n");
     } else {
-        fi_buf_printf(b, "%s FlashInfer API Call: %s\n", fi_logger_timestamp(lg), name);
+        put_call_line(b, fi_logger_timestamp(lg), name);
     }
 }
 

@@ -120,7 +120,7 @@ int fi_json_double(fi_buf *b, double v)
     return r;
 }
 
-int fi_json_int64(fi_buf *b, int64_t v) { return fi_buf_printf(b, "%lld", (long long)v); }
+int fi_json_int64(fi_buf *b, int64_t v) { return fi_buf_put_i64(b, (long long)v); }
 
 int fi_json_bool(fi_buf *b, int v)
 {

@@ -76,6 +76,26 @@ int fi_buf_putc(fi_buf *b, char c)
     return 0;
 }
 
+int fi_buf_put_u64(fi_buf *b, unsigned long long v)
+{
+    char digits[24];
+    int n = sizeof digits;
+    do {
+        digits[--n] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return fi_buf_append(b, digits + n, sizeof digits - (size_t)n);
+}
+
+int fi_buf_put_i64(fi_buf *b, long long v)
+{
+    if (v < 0) {
+        fi_buf_putc(b, '-');
+        return fi_buf_put_u64(b, 0ull - (unsigned long long)v);
+    }
+    return fi_buf_put_u64(b, (unsigned long long)v);
+}
+
 int fi_buf_vprintf(fi_buf *b, const char *fmt, va_list ap)
 {
     va_list ap2;

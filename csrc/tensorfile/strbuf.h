@@ -23,6 +23,9 @@ void fi_buf_reset(fi_buf *b);
 int fi_buf_append(fi_buf *b, const char *s, size_t n);
 int fi_buf_puts(fi_buf *b, const char *s);
 int fi_buf_putc(fi_buf *b, char c);
+/* Decimal digits, without printf (records are built on every call). */
+int fi_buf_put_u64(fi_buf *b, unsigned long long v);
+int fi_buf_put_i64(fi_buf *b, long long v);
 int fi_buf_printf(fi_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int fi_buf_vprintf(fi_buf *b, const char *fmt, va_list ap);
 /* Two spaces per level. */
