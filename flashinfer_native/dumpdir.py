@@ -210,6 +210,8 @@ def read_metadata(dump_dir):
     -------
     list of dict
         The records in file order (line 1 ``inputs_saved``, line 2 if the call ended).
+        A last line without its newline that is not JSON was cut short when the
+        process was killed mid-write, and is left out.
 
     Raises
     ------
@@ -247,6 +249,8 @@ def read_metadata(dump_dir):
             try:
                 record = parse_record(line)
             except ValueError as exc:
+                if not line.endswith(b"\n"):
+                    break  # the last record, cut short by a kill: the call is incomplete
                 raise ValueError(f"{path}: line {lineno} {exc}") from None
             problem = record_type_problem(record)
             if problem:
@@ -363,6 +367,36 @@ def _fallback_key(dir_name):
     return ((1, 0.0, match.group(1)), int(match.group(2)), math.inf, dir_name)
 
 
+def _session_positions(root_dir):
+    """Line number of each call directory's first record in the root's session.jsonl,
+    by directory name: without ``sequence`` (FlashInfer's dumps), the only record of the
+    order of calls made in the same millisecond. Empty when the file is missing."""
+    positions = {}
+    try:
+        with open_regular(os.path.join(root_dir, SESSION_FILE)) as f:
+            for lineno, line in bounded_lines(f):
+                try:
+                    record = parse_record(line) if line else None
+                except ValueError:
+                    continue
+                where = record.get("dump_dir") if record else None
+                if isinstance(where, str):
+                    positions.setdefault(os.path.basename(where.rstrip("/")), lineno)
+    except (OSError, ValueError):
+        pass
+    return positions
+
+
+def _name_key(dir_name, positions):
+    """Sort key of a dump without ``sequence``: (timestamp, pid) from its name, then its
+    place in session.jsonl, then the name."""
+    match = _DIR_NAME.match(dir_name)
+    place = positions.get(dir_name, math.inf)
+    if match is None:
+        return (dir_name, 0, place, dir_name)
+    return (match.group(1), int(match.group(2)), place, dir_name)
+
+
 def split_patterns(patterns):
     """fnmatch patterns from a comma-separated string or a list; blanks dropped."""
     if not patterns:
@@ -384,7 +418,8 @@ def ordered_dumps(root_dir, include=None, exclude=None):
 
     Order: ``(timestamp, process_id, sequence)`` when every readable dump has
     ``sequence`` (unreadable ones take their place from the directory name), else the
-    directory name.
+    timestamp and process id of the directory name, calls of the same millisecond in
+    the order of the root's session.jsonl.
 
     Returns
     -------
@@ -412,7 +447,8 @@ def ordered_dumps(root_dir, include=None, exclude=None):
             for k, (p, _) in zip(keys, entries)
         ]
     else:
-        keys = [os.path.basename(p) for p, _ in entries]
+        positions = _session_positions(root_dir)
+        keys = [_name_key(os.path.basename(p), positions) for p, _ in entries]
     return [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
 
 

@@ -8,6 +8,7 @@ import replay_helpers as h
 import torch
 
 import flashinfer_native
+from flashinfer_native import dumpdir
 from flashinfer_native import replay as rp
 from flashinfer_native.replay import classify
 
@@ -371,6 +372,22 @@ def test_garbage_metadata_error_names_file_and_line(writer):
         replay_from_dump(writer.dirs[0])
 
 
+def test_completion_record_cut_short_by_a_kill_leaves_the_call_incomplete(writer):
+    writer.call(h.scale_add, torch.ones(2), torch.ones(2))
+    path = os.path.join(writer.dirs[0], "metadata.jsonl")
+    with open(path, "rb") as f:
+        first, second = f.read().splitlines(keepends=True)
+    with open(path, "wb") as f:
+        f.write(first + second[: len(second) // 2])
+    assert [r["execution_status"] for r in dumpdir.read_metadata(writer.dirs[0])] == [
+        "inputs_saved"
+    ]
+    with open(path, "ab") as f:
+        f.write(b"\n")  # a whole line that is not JSON is damage, not a kill
+    with pytest.raises(ValueError, match=r"metadata\.jsonl: line 2 is not valid JSON"):
+        dumpdir.read_metadata(writer.dirs[0])
+
+
 def test_metadata_line_that_is_not_an_object_is_an_error(writer):
     writer.call(h.scale_add, torch.ones(2), torch.ones(2))
     with open(os.path.join(writer.dirs[0], "metadata.jsonl"), "w") as f:
@@ -499,6 +516,21 @@ def test_sequence_orders_processes_then_sequence(root):
     second.call(h.check_positive, torch.ones(1))
     order = [r["dump_dir"] for r in replay_sequence(root, device="cpu")]
     assert order == [second.dirs[0], second.dirs[1], first.dirs[0]]
+
+
+def test_flashinfer_dumps_of_one_millisecond_replay_in_session_order(root):
+    # no sequence, one timestamp: the names sort plan_call0002 before run_call0001, and
+    # only session.jsonl knows that run came first
+    writer = h.DumpWriter(root, flashinfer_style=True, timestamp="20250101_000000_000")
+    wrapper = writer.construct(h.SegmentSumWrapper, torch.zeros(4, dtype=torch.int8))
+    writer.method(wrapper, "plan", torch.tensor([0, 3, 6]), 1.0)
+    writer.method(wrapper, "run", torch.randn(6, 2))
+    writer.method(wrapper, "plan", torch.tensor([0, 6]), 3.0)
+    writer.method(wrapper, "run", torch.randn(6, 2))
+    assert sorted(writer.dirs) != writer.dirs
+    results = replay_sequence(root, device="cpu")
+    assert [r["dump_dir"] for r in results] == writer.dirs
+    assert [classify(r) for r in results] == ["passed"] * 5
 
 
 def test_wrapper_used_twice_with_different_plans(writer, root):

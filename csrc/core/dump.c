@@ -331,6 +331,44 @@ static int open_session_jsonl(fi_logger *lg)
     return lg->session_fd;
 }
 
+/* Appends line to dir/metadata.jsonl and returns its descriptor in *fd. A new file is
+ * written as metadata.jsonl.tmp and renamed into place once it holds the line, so that
+ * no reader (and no SIGKILL) ever sees a call directory with an empty metadata.jsonl. */
+static int open_metadata_with_line(const char *dir, const fi_buf *line, int *fd)
+{
+    size_t n = strlen(dir) + 32;
+    char *meta = malloc(n), *tmp = malloc(n);
+    int r = -1;
+    if (!meta || !tmp) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    snprintf(meta, n, "%s/metadata.jsonl", dir);
+    snprintf(tmp, n, "%s/metadata.jsonl.tmp", dir);
+    *fd = open(meta, O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (*fd >= 0) { /* a graph flush appends to the call's existing file */
+        r = write_line(*fd, "metadata.jsonl", dir, line);
+        goto done;
+    }
+    if (errno != ENOENT) {
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", meta, strerror(errno));
+        goto done;
+    }
+    *fd = open_append(tmp);
+    if (*fd < 0 || write_line(*fd, "metadata.jsonl", dir, line) < 0)
+        goto done;
+    if (rename(tmp, meta) < 0) {
+        PyErr_Format(PyExc_OSError, "cannot rename %s: %s", tmp, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    r = 0;
+done:
+    free(meta);
+    free(tmp);
+    return r;
+}
+
 /* The record as one line, appended to the call's metadata.jsonl (through *meta_fd when
  * it is open; opened and kept there when meta_fd is given) and to session.jsonl. */
 static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObject *record)
@@ -343,21 +381,10 @@ static int write_record_at(fi_logger *lg, const char *dir, int *meta_fd, PyObjec
         r = -1;
     }
     int fd = meta_fd ? *meta_fd : -1;
-    if (r == 0 && fd < 0) {
-        size_t n = strlen(dir) + 32;
-        char *meta = malloc(n);
-        if (!meta) {
-            PyErr_NoMemory();
-            r = -1;
-        } else {
-            snprintf(meta, n, "%s/metadata.jsonl", dir);
-            fd = open_append(meta);
-            r = fd < 0 ? -1 : 0;
-            free(meta);
-        }
-    }
-    if (r == 0)
+    if (r == 0 && fd >= 0)
         r = write_line(fd, "metadata.jsonl", dir, &line);
+    else if (r == 0)
+        r = open_metadata_with_line(dir, &line, &fd);
     if (meta_fd)
         *meta_fd = fd;
     else if (fd >= 0)
