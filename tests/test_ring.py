@@ -475,3 +475,12 @@ def test_report_marks_the_ring_trigger_on_the_timeline(tmp_path):
     page = out.read_text()
     assert done["triggers"] == 1
     assert re.search(r'<text class="trigger" [^>]*>nan</text>', page)
+
+
+def test_host_staging_passes_cpu_tensors_through_uncopied():
+    # the CUDA path (side stream, pinned copies) runs in tests/gpu/test_cuda_ring.py
+    from flashinfer_native import staging
+
+    x = torch.ones(3)
+    host = staging.to_host({"x": x})
+    assert host["x"] is x

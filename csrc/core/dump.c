@@ -430,18 +430,36 @@ static Py_ssize_t save_tensors_at(fi_logger *lg, const char *dir, const char *st
     return written;
 }
 
+/* tensors with their CUDA tensors copied to pinned host memory on a side stream ordered
+ * after the producing stream (flashinfer_native/staging.py): the ring must not
+ * synchronize the device. A new reference, or NULL with an exception set. */
+static PyObject *ring_host_tensors(PyObject *tensors)
+{
+    PyObject *staging = PyImport_ImportModule("flashinfer_native.staging");
+    if (!staging)
+        return NULL;
+    PyObject *host = PyObject_CallMethod(staging, "to_host", "O", tensors);
+    Py_DECREF(staging);
+    return host;
+}
+
 /* The call's tensor file stem: a file image in its ring slot (the copy taken at call
  * time: callers reuse their buffers), or a file on disk. */
-static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, PyObject *tensors)
+static Py_ssize_t save_tensors(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
 {
     if (!call->in_ring) /* the inputs' level-5 statistics come in the same pass (stats.c) */
-        return save_tensors_at(call->lg, call->dir, stem, tensors,
+        return save_tensors_at(call->lg, call->dir, stem, ts->tensors,
                                stem[0] == 'i' ? fi_stats_remember : NULL);
     if (!call->files || call->tensors_skipped)
         return 0;
+    PyObject *host = ts->any_cuda ? ring_host_tensors(ts->tensors) : Py_NewRef(ts->tensors);
+    if (!host)
+        return -1;
     fi_image *img = stem[0] == 'i' ? &call->files->inputs : &call->files->outputs;
-    return fi_image_tensor_dict(
-        tensors, call->lg->cfg.safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, img);
+    Py_ssize_t r = fi_image_tensor_dict(
+        host, call->lg->cfg.safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, img);
+    Py_DECREF(host);
+    return r;
 }
 
 /* ---------------------------------------------------------------- records */
@@ -692,7 +710,7 @@ fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *con
         goto error;
     if ((lg->cfg.dump_on & FI_TRIGGER_NAN_INPUT) && call->in_ring)
         call->trigger = nonfinite_trigger(lg, ts.tensors);
-    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", ts.tensors);
+    Py_ssize_t written = capturing ? 0 : save_tensors(call, "inputs", &ts);
     if (written < 0) {
         if (!call->in_ring)
             rmdir(call->dir);
@@ -766,7 +784,7 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
                 goto done;
             log_size_cap(lg, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
         } else {
-            Py_ssize_t written = save_tensors(call, "outputs", ts.tensors);
+            Py_ssize_t written = save_tensors(call, "outputs", &ts);
             if (written < 0) {
                 PyObject *et, *ev, *tb;
                 PyErr_Fetch(&et, &ev, &tb);
