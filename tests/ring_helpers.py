@@ -4,6 +4,7 @@ produce NaN, a call that raises, and calls that crash the process."""
 import ctypes
 import os
 import signal
+import sys
 
 from flashinfer.api_logging import flashinfer_api
 
@@ -34,3 +35,14 @@ def abort(x):
     """Ends the process with SIGABRT inside a decorated call."""
     os.kill(os.getpid(), signal.SIGABRT)
     return x
+
+
+@flashinfer_api
+def stack_overflow(x):
+    """Exhausts the C stack inside a decorated call (the repr of a deeply nested list with
+    no recursion limit): SIGSEGV on a stack that has no room left for a handler."""
+    nested = []
+    for _ in range(1_000_000):
+        nested = [nested]
+    sys.setrecursionlimit(1 << 30)
+    return repr(nested)

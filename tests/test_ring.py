@@ -232,6 +232,10 @@ def test_segfault_in_a_call_writes_the_ring_and_keeps_the_exit_status(tmp_path):
     check_crash_dump(tmp_path, "segfault", signal.SIGSEGV)
 
 
+def test_stack_overflow_in_a_call_writes_the_ring_from_the_alternate_stack(tmp_path):
+    check_crash_dump(tmp_path, "stack_overflow", signal.SIGSEGV)
+
+
 def test_sigabrt_in_a_call_writes_the_ring_and_keeps_the_exit_status(tmp_path):
     check_crash_dump(tmp_path, "abort", signal.SIGABRT)
 

@@ -531,12 +531,34 @@ static void on_signal(int sig, siginfo_t *info, void *uctx)
     chain(i, sig, info, uctx);
 }
 
+/* A stack overflow delivers SIGSEGV on the exhausted stack, where the handler has no room
+ * to run: the thread that installs the handlers (the one that made the ring, usually the
+ * main thread) gets an alternate signal stack, unless it has one already (faulthandler's,
+ * say). The memory stays for the life of the process, as the handlers do. */
+static int ensure_alt_stack(void)
+{
+    stack_t old;
+    if (sigaltstack(NULL, &old) == 0 && !(old.ss_flags & SS_DISABLE))
+        return 0;
+    size_t size = 256 * 1024; /* the ring's write-out needs little; chained handlers more */
+    stack_t ss = {.ss_sp = malloc(size), .ss_size = size, .ss_flags = 0};
+    if (!ss.ss_sp)
+        return -1;
+    if (sigaltstack(&ss, NULL) < 0) {
+        free(ss.ss_sp);
+        return -1;
+    }
+    return 0;
+}
+
 int fi_ring_install_signals(fi_ring *r)
 {
     static int installed;
     atomic_store(&signal_ring, r);
     if (installed)
         return 0;
+    if (ensure_alt_stack() < 0)
+        return -1;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_signal;
