@@ -243,6 +243,27 @@ def test_format_float_lines_exact():
     )
 
 
+def fixed6_cases():
+    """Doubles of every magnitude, decimal halfway points (k + 0.5) / 1e6 that binary
+    floats straddle, exact binary halves, signed zeros and values past the fast path."""
+    gen = torch.Generator().manual_seed(6)
+    mags = torch.rand(3000, generator=gen, dtype=torch.float64) * 22 - 12
+    signs = torch.where(torch.rand(3000, generator=gen) < 0.5, -1.0, 1.0).double()
+    values = (signs * 10**mags).tolist()
+    ks = torch.randint(0, 10**9, (2000,), generator=gen).tolist()
+    values += [(k + 0.5) / 1e6 for k in ks] + [-(k + 0.5) / 1e6 for k in ks[:200]]
+    values += [k / 2**20 for k in ks[:500]]  # exactly representable, some ties at 1e-6
+    values += [0.0, -0.0, 5e-7, -5e-7, 2.5e-6, 1.0000005, 0.1, 1e15, -3e18, 2**52 / 1e6]
+    return values
+
+
+def test_format_float_lines_match_pythons_fixed_6_digits():
+    # the C core formats %.6f without printf where it can prove the digits
+    for v in fixed6_cases():
+        line = _C.format_tensor_stats(torch.tensor([v], dtype=torch.float64), 0).split("\n")[0]
+        assert line == f"min={v:.6f}", v
+
+
 def test_format_with_a_nan_prints_nan_min_max_mean_as_flashinfer_does():
     t = torch.tensor([[1.5, math.nan], [math.inf, -2.25]])
     assert _C.format_tensor_stats(t, 1) == (

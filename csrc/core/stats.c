@@ -410,10 +410,13 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
 static void put_float_line(fi_buf *buf, int indent, const char *name, double v)
 {
     fi_buf_indent(buf, indent);
+    fi_buf_puts(buf, name);
+    fi_buf_putc(buf, '=');
     if (isnan(v))
-        fi_buf_printf(buf, "%s=nan\n", name);
+        fi_buf_puts(buf, "nan");
     else
-        fi_buf_printf(buf, "%s=%.6f\n", name, v);
+        fi_buf_put_fixed6(buf, v);
+    fi_buf_putc(buf, '\n');
 }
 
 /* The dtypes FlashInfer's log shows statistics for: float64/32/16, bfloat16, the two

@@ -2,6 +2,7 @@
  * oom and later appends are ignored, so a caller checks once, after building a record. */
 #include "strbuf.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,33 @@ int fi_buf_put_i64(fi_buf *b, long long v)
         return fi_buf_put_u64(b, 0ull - (unsigned long long)v);
     }
     return fi_buf_put_u64(b, (unsigned long long)v);
+}
+
+int fi_buf_put_fixed6(fi_buf *b, double v)
+{
+    /* v * 1e6 rounded to an integer is exact printf rounding unless the product lies
+     * within a few ulps of a halfway point (its own rounding could have moved it across)
+     * or is too large for the integer; those cases, and inf/nan, go to printf. */
+    double scaled = fabs(v) * 1e6;
+    if (!(scaled < 0x1p52))
+        return fi_buf_printf(b, "%.6f", v);
+    double whole = floor(scaled);
+    double frac = scaled - whole;
+    if (fabs(frac - 0.5) <= 8 * scaled * 0x1p-52 + 0x1p-60)
+        return fi_buf_printf(b, "%.6f", v);
+    unsigned long long units = (unsigned long long)whole + (frac > 0.5);
+    char digits[32];
+    int n = sizeof digits;
+    for (int i = 0; i < 6; i++, units /= 10)
+        digits[--n] = (char)('0' + units % 10);
+    digits[--n] = '.';
+    do {
+        digits[--n] = (char)('0' + units % 10);
+        units /= 10;
+    } while (units);
+    if (signbit(v))
+        digits[--n] = '-';
+    return fi_buf_append(b, digits + n, sizeof digits - (size_t)n);
 }
 
 int fi_buf_vprintf(fi_buf *b, const char *fmt, va_list ap)

@@ -26,6 +26,8 @@ int fi_buf_putc(fi_buf *b, char c);
 /* Decimal digits, without printf (records are built on every call). */
 int fi_buf_put_u64(fi_buf *b, unsigned long long v);
 int fi_buf_put_i64(fi_buf *b, long long v);
+/* printf's "%.6f", digit for digit, without printf for the values it can prove. */
+int fi_buf_put_fixed6(fi_buf *b, double v);
 int fi_buf_printf(fi_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int fi_buf_vprintf(fi_buf *b, const char *fmt, va_list ap);
 /* Two spaces per level. */

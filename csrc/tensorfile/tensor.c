@@ -54,8 +54,8 @@ static int intern_all(void)
         {&fi_names.requires_grad, "requires_grad"},
         {&fi_names.is_contiguous, "is_contiguous"},
         {&fi_names.is_cuda, "is_cuda"},
-        {&fi_names.type, "type"},
-        {&fi_names.index, "index"},
+        {&fi_names.is_cpu, "is_cpu"},
+        {&fi_names.get_device, "get_device"},
         {&fi_names.name, "__name__"},
         {&fi_names.qualname, "__qualname__"},
         {&fi_names.module, "__module__"},
@@ -151,31 +151,41 @@ static int read_int_tuple(PyObject *tuple, int64_t *dst, const char *what)
     return (int)n;
 }
 
+/* Whether getattr(obj, name) is true: 1, 0, or -1 with an exception set. */
+static int attr_true(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The device from is_cuda / get_device() / is_cpu: tensor.device.type would build a
+ * torch.device and a C++ string stream per read, the largest cost of a tensor's
+ * metadata at level 3. Devices other than CPU and CUDA are FI_DEVICE_OTHER, printed
+ * from str(tensor.device) where needed. */
 static int read_device(PyObject *obj, fi_tensor *out)
 {
-    PyObject *dev = PyObject_GetAttr(obj, fi_names.device);
-    if (!dev)
+    int cuda = attr_true(obj, fi_names.is_cuda);
+    if (cuda < 0)
         return -1;
-    PyObject *type = PyObject_GetAttr(dev, fi_names.type);
-    PyObject *index = type ? PyObject_GetAttr(dev, fi_names.index) : NULL;
-    Py_DECREF(dev);
-    if (!index) {
-        Py_XDECREF(type);
-        return -1;
-    }
-    const char *ts = PyUnicode_Check(type) ? PyUnicode_AsUTF8(type) : "";
-    if (!ts) {
-        Py_DECREF(type);
+    if (cuda) {
+        PyObject *index = PyObject_CallMethodNoArgs(obj, fi_names.get_device);
+        if (!index)
+            return -1;
+        out->device_type = FI_DEVICE_CUDA;
+        out->device_index = (int)PyLong_AsLong(index);
         Py_DECREF(index);
-        return -1;
+        return PyErr_Occurred() ? -1 : 0;
     }
-    out->device_type = strcmp(ts, "cpu") == 0    ? FI_DEVICE_CPU
-                       : strcmp(ts, "cuda") == 0 ? FI_DEVICE_CUDA
-                                                 : FI_DEVICE_OTHER;
-    out->device_index = index == Py_None ? 0 : (int)PyLong_AsLong(index);
-    Py_DECREF(type);
-    Py_DECREF(index);
-    return PyErr_Occurred() ? -1 : 0;
+    int cpu = attr_true(obj, fi_names.is_cpu);
+    if (cpu < 0)
+        return -1;
+    out->device_type = cpu ? FI_DEVICE_CPU : FI_DEVICE_OTHER;
+    out->device_index = 0;
+    return 0;
 }
 
 int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
@@ -233,7 +243,7 @@ static int put_attr_str(fi_buf *b, PyObject *tensor, PyObject *name)
 int fi_tensor_put_dtype(fi_buf *b, PyObject *tensor, const fi_tensor *t)
 {
     if (t->dtype != FI_DTYPE_UNKNOWN)
-        return fi_buf_printf(b, "torch.%s", fi_dtype_name(t->dtype));
+        return fi_buf_puts(b, "torch.") < 0 ? -1 : fi_buf_puts(b, fi_dtype_name(t->dtype));
     return put_attr_str(b, tensor, fi_names.dtype);
 }
 
@@ -242,7 +252,7 @@ int fi_tensor_put_device(fi_buf *b, PyObject *tensor, const fi_tensor *t)
     if (t->device_type == FI_DEVICE_CPU)
         return fi_buf_puts(b, "cpu");
     if (t->device_type == FI_DEVICE_CUDA)
-        return fi_buf_printf(b, "cuda:%d", t->device_index);
+        return fi_buf_puts(b, "cuda:") < 0 ? -1 : fi_buf_put_i64(b, t->device_index);
     return put_attr_str(b, tensor, fi_names.device);
 }
 

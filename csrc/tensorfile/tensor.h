@@ -44,7 +44,7 @@ int fi_tensor_is_contiguous(const fi_tensor *t);
 /* Interned attribute names used across csrc/ (borrowed, immortal for our purposes). */
 typedef struct {
     PyObject *shape, *stride, *dtype, *device, *data_ptr, *storage_offset, *requires_grad,
-        *is_contiguous, *is_cuda, *type, *index, *name, *qualname, *module, *value, *cpu,
+        *is_contiguous, *is_cuda, *is_cpu, *get_device, *name, *qualname, *module, *value, *cpu,
         *contiguous, *numel, *element_size, *untyped_storage, *nbytes;
 } fi_names_t;
 
