@@ -176,6 +176,19 @@ static int put_repr(fi_buf *b, PyObject *obj, reprfunc repr)
     return r;
 }
 
+/* An int as int.__repr__ writes it (for int subclasses too, as json does): the digits
+ * directly when it fits 64 bits. */
+static int put_int(fi_buf *b, PyObject *obj)
+{
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (!overflow)
+        return fi_buf_put_i64(b, v) < 0 ? oom() : 0;
+    return put_repr(b, obj, PyLong_Type.tp_repr);
+}
+
 /* Dict keys become strings the way json.dumps converts them. */
 static int put_key(fi_buf *b, PyObject *key)
 {
@@ -191,7 +204,7 @@ static int put_key(fi_buf *b, PyObject *key)
     else if (key == Py_None)
         r = fi_json_null(b) < 0 ? oom() : 0;
     else if (PyLong_Check(key))
-        r = put_repr(b, key, PyLong_Type.tp_repr);
+        r = put_int(b, key);
     else {
         PyErr_Format(PyExc_TypeError, "keys must be str, int, float, bool or None, not %.200s",
                      Py_TYPE(key)->tp_name);
@@ -223,10 +236,34 @@ static int put_sequence(fi_buf *b, PyObject *seq)
     return r;
 }
 
+static int put_item(fi_buf *b, Py_ssize_t i, PyObject *key, PyObject *value)
+{
+    if (i > 0 && fi_buf_append(b, ", ", 2) < 0)
+        return oom();
+    if (put_key(b, key) < 0)
+        return -1;
+    if (fi_buf_append(b, ": ", 2) < 0)
+        return oom();
+    return put_value(b, value);
+}
+
+/* An exact dict is walked in place (no Python code can run while its keys and values
+ * are written: they are str, int, float, bool, None, list, tuple or dict); a subclass
+ * through its items(), as json.dumps does. */
 static int put_dict(fi_buf *b, PyObject *dict)
 {
     if (fi_buf_putc(b, '{') < 0)
         return oom();
+    if (PyDict_CheckExact(dict)) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0, i = 0;
+        int r = 0;
+        while (r == 0 && PyDict_Next(dict, &pos, &key, &value))
+            r = put_item(b, i++, key, value);
+        if (r == 0 && fi_buf_putc(b, '}') < 0)
+            r = oom();
+        return r;
+    }
     PyObject *items = PyMapping_Items(dict);
     if (!items)
         return -1;
@@ -234,14 +271,7 @@ static int put_dict(fi_buf *b, PyObject *dict)
     int r = 0;
     for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
         PyObject *kv = PyList_GET_ITEM(items, i);
-        if (i > 0 && fi_buf_append(b, ", ", 2) < 0)
-            r = oom();
-        else if ((r = put_key(b, PyTuple_GET_ITEM(kv, 0))) == 0) {
-            if (fi_buf_append(b, ": ", 2) < 0)
-                r = oom();
-            else
-                r = put_value(b, PyTuple_GET_ITEM(kv, 1));
-        }
+        r = put_item(b, i, PyTuple_GET_ITEM(kv, 0), PyTuple_GET_ITEM(kv, 1));
     }
     Py_DECREF(items);
     if (r == 0 && fi_buf_putc(b, '}') < 0)
@@ -258,7 +288,7 @@ static int put_value(fi_buf *b, PyObject *obj)
     if (PyUnicode_Check(obj))
         return put_pystr(b, obj);
     if (PyLong_Check(obj))
-        return put_repr(b, obj, PyLong_Type.tp_repr);
+        return put_int(b, obj);
     if (PyFloat_Check(obj))
         return fi_json_double(b, PyFloat_AS_DOUBLE(obj)) < 0 ? oom() : 0;
     int is_list = PyList_Check(obj) || PyTuple_Check(obj), is_dict = PyDict_Check(obj);

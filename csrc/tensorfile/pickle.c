@@ -102,9 +102,11 @@ int fi_pickle_write_tensors(fi_buf *b, const fi_saved_tensor *ts, size_t n)
                               : "ctorch._utils\n_rebuild_tensor_v3\n");
         fi_buf_append(b, "((", 2);
         put_str(b, "storage", 7);
-        if (legacy)
-            fi_buf_printf(b, "ctorch\n%s\n", legacy);
-        else
+        if (legacy) {
+            fi_buf_puts(b, "ctorch\n");
+            fi_buf_puts(b, legacy);
+            fi_buf_putc(b, '\n');
+        } else
             fi_buf_puts(b, "ctorch.storage\nUntypedStorage\n");
         put_str(b, key, (size_t)key_len);
         put_str(b, "cpu", 3);
@@ -115,8 +117,11 @@ int fi_pickle_write_tensors(fi_buf *b, const fi_saved_tensor *ts, size_t n)
         put_int_tuple(b, s->t.stride, s->t.ndim);
         fi_buf_putc(b, s->requires_grad ? '\x88' : '\x89');
         fi_buf_puts(b, "ccollections\nOrderedDict\n)R");
-        if (!legacy)
-            fi_buf_printf(b, "ctorch\n%s\n", fi_dtype_name(s->t.dtype));
+        if (!legacy) {
+            fi_buf_puts(b, "ctorch\n");
+            fi_buf_puts(b, fi_dtype_name(s->t.dtype));
+            fi_buf_putc(b, '\n');
+        }
         fi_buf_append(b, "tR", 2);
     }
     fi_buf_append(b, "u.", 2);

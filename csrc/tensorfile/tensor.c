@@ -66,6 +66,10 @@ static int intern_all(void)
         {&fi_names.element_size, "element_size"},
         {&fi_names.untyped_storage, "untyped_storage"},
         {&fi_names.nbytes, "nbytes"},
+        {&fi_names.is_conj, "is_conj"},
+        {&fi_names.is_neg, "is_neg"},
+        {&fi_names.resolve_conj, "resolve_conj"},
+        {&fi_names.resolve_neg, "resolve_neg"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         if (intern(table[i].slot, table[i].s) < 0)

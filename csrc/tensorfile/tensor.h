@@ -45,7 +45,8 @@ int fi_tensor_is_contiguous(const fi_tensor *t);
 typedef struct {
     PyObject *shape, *stride, *dtype, *device, *data_ptr, *storage_offset, *requires_grad,
         *is_contiguous, *is_cuda, *is_cpu, *get_device, *name, *qualname, *module, *value, *cpu,
-        *contiguous, *numel, *element_size, *untyped_storage, *nbytes;
+        *contiguous, *numel, *element_size, *untyped_storage, *nbytes, *is_conj, *is_neg,
+        *resolve_conj, *resolve_neg;
 } fi_names_t;
 
 extern fi_names_t fi_names;

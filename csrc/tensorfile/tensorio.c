@@ -45,9 +45,17 @@ static PyObject *host_tensor(PyObject *value, PyObject *key)
     PyObject *t = cuda ? PyObject_CallMethodNoArgs(value, fi_names.cpu) : Py_NewRef(value);
     if (!t)
         return NULL;
-    static const char *const resolve[] = {"resolve_conj", "resolve_neg"};
+    /* is_conj()/is_neg() read a flag; resolve_*() goes through torch's dispatcher, so it
+     * runs only for the rare view that has the bit set */
+    PyObject *const bit[2] = {fi_names.is_conj, fi_names.is_neg};
+    PyObject *const resolve[2] = {fi_names.resolve_conj, fi_names.resolve_neg};
     for (int k = 0; k < 2; k++) {
-        PyObject *r = PyObject_CallMethod(t, resolve[k], NULL);
+        PyObject *set = PyObject_CallMethodNoArgs(t, bit[k]);
+        int is_set = set ? PyObject_IsTrue(set) : -1;
+        Py_XDECREF(set);
+        PyObject *r = is_set > 0 ? PyObject_CallMethodNoArgs(t, resolve[k]) : NULL;
+        if (is_set == 0)
+            continue;
         Py_DECREF(t);
         if (!r)
             return NULL;
