@@ -71,7 +71,12 @@ int fi_format_json_close(fi_buf *b)
     return 0;
 }
 
-int fi_format_json_key(fi_buf *b, const char *key) { return fi_buf_printf(b, ", \"%s\": ", key); }
+int fi_format_json_key(fi_buf *b, const char *key)
+{
+    fi_buf_puts(b, ", \"");
+    fi_buf_puts(b, key);
+    return fi_buf_puts(b, "\": ");
+}
 
 /* Appends a Python str as a JSON string; lone surrogates come out as U+FFFD. */
 static int put_str(fi_buf *b, PyObject *s)
@@ -104,7 +109,7 @@ static int put_typed_text(fi_buf *b, const char *type_name, const char *field, P
 {
     fi_buf_puts(b, "{\"type\": ");
     fi_json_str(b, type_name, strlen(type_name));
-    fi_buf_printf(b, ", \"%s\": ", field);
+    fi_format_json_key(b, field);
     if (put_text_of(b, v, use_repr) < 0)
         return -1;
     return fi_buf_putc(b, '}');
@@ -131,8 +136,11 @@ static int put_stats(fi_buf *b, const fi_stats *st)
         fi_json_double(b, st->max);
         fi_buf_puts(b, ", \"mean\": ");
         fi_json_double(b, st->mean);
-        return fi_buf_printf(b, ", \"nan_count\": %lld, \"inf_count\": %lld}",
-                             (long long)st->nan_count, (long long)st->inf_count);
+        fi_buf_puts(b, ", \"nan_count\": ");
+        fi_buf_put_i64(b, (long long)st->nan_count);
+        fi_buf_puts(b, ", \"inf_count\": ");
+        fi_buf_put_i64(b, (long long)st->inf_count);
+        return fi_buf_putc(b, '}');
     case FI_STATS_INT:
         if (st->is_unsigned64)
             fi_buf_printf(b, ", \"stats\": {\"min\": %llu, \"max\": %llu, \"mean\": ",
@@ -187,8 +195,10 @@ static int put_tensor(fi_buf *b, PyObject *tensor, int level)
     fi_buf_puts(b, "\", \"device\": \"");
     if (fi_tensor_put_device(b, tensor, &t) < 0)
         return -1;
-    fi_buf_printf(b, "\", \"requires_grad\": %s, \"is_contiguous\": %s",
-                  requires_grad ? "true" : "false", fi_tensor_is_contiguous(&t) ? "true" : "false");
+    fi_buf_puts(b, "\", \"requires_grad\": ");
+    fi_json_bool(b, requires_grad);
+    fi_buf_puts(b, ", \"is_contiguous\": ");
+    fi_json_bool(b, fi_tensor_is_contiguous(&t));
     if (level >= 5 && put_tensor_stats(b, tensor, &t) < 0)
         return -1;
     return fi_buf_putc(b, '}');
