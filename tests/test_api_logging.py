@@ -4,6 +4,7 @@ import contextlib
 import enum
 import inspect
 import io
+import json
 import os
 import re
 import subprocess
@@ -184,6 +185,35 @@ def test_level_3_keyword_arguments_and_no_arguments(logmod, tmp_path):
         f"[TS] FlashInfer API Call: none\n{DASH}\n(No explicit arguments)\n"
         f"Output value:\n  'done'\n{SEP}\n\n" in text
     )
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_defaults_show_their_value_at_each_call(logmod, tmp_path, log_format):
+    # scalar defaults are formatted once per parameter; a mutable one every time
+    log = tmp_path / "log.txt"
+    m = logmod(
+        FLASHINFER_LOGLEVEL="3", FLASHINFER_LOGDEST=str(log), FLASHINFER_LOGFORMAT=log_format
+    )
+    shared = []
+
+    @m.flashinfer_api
+    def f(eps=1e-06, layout="NHD", items=shared):
+        return None
+
+    f()
+    shared.append(7)
+    f()
+    text = read(log)
+    if log_format == "json":
+        calls = [json.loads(line) for line in text.splitlines() if '"call"' in line]
+        assert [c["defaults"] for c in calls] == [
+            {"eps": 1e-06, "layout": "NHD", "items": {"type": "list", "length": n, "items": i}}
+            for n, i in ((0, []), (1, [7]))
+        ]
+    else:
+        assert text.count("  eps= [DEFAULT]\n    1e-06\n  layout= [DEFAULT]\n    'NHD'\n") == 2
+        assert "  items= [DEFAULT]\n    []\n" in text
+        assert "  items= [DEFAULT]\n    [\n      [0]:       7\n    ]\n" in text
 
 
 def test_value_formatting_containers_and_scalars(logmod, tmp_path):

@@ -60,9 +60,9 @@ static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
-int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad)
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, int with_data)
 {
-    if (fi_tensor_from_py(tensor, t) < 0)
+    if ((with_data ? fi_tensor_from_py(tensor, t) : fi_tensor_meta_from_py(tensor, t)) < 0)
         return -1;
     PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
     if (!rg)
@@ -76,7 +76,7 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
 {
     fi_tensor t;
     int requires_grad;
-    if (fi_format_tensor_meta(tensor, &t, &requires_grad) < 0)
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad, level >= 5) < 0)
         return -1;
     fi_buf_indent(b, indent);
     fi_buf_puts(b, "Tensor(\n");

@@ -32,6 +32,9 @@ typedef struct {
     PyObject *name;
     int kind;
     PyObject *default_value; /* NULL when the parameter has no default */
+    /* the default's formatted text (bytes) in the text and the JSON log, made at its
+     * first use when the default is an immutable scalar; NULL otherwise */
+    PyObject *default_text[2];
 } param_info;
 
 typedef struct {
@@ -156,7 +159,30 @@ static int provided_by_keyword(PyObject *name, PyObject *kwnames)
 }
 
 /* Appends one defaulted parameter; first is set for the first one of the call. */
-typedef int (*default_put_fn)(fi_buf *b, const char *name, PyObject *value, int level, int first);
+typedef int (*default_put_fn)(fi_buf *b, const char *name, param_info *p, int level, int first);
+
+/* A default whose text can never change: None, a bool, an int, a float or a str (a
+ * float's repr alone costs more than the rest of its log lines). */
+static int constant_default(PyObject *v)
+{
+    return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
+           PyUnicode_CheckExact(v);
+}
+
+static int put_cached(fi_buf *b, PyObject **cache)
+{
+    return fi_buf_append(b, PyBytes_AS_STRING(*cache), (size_t)PyBytes_GET_SIZE(*cache));
+}
+
+/* Keeps what b gained since start in *cache when value is a constant default. */
+static void remember(fi_buf *b, size_t start, PyObject *value, PyObject **cache)
+{
+    if (b->oom || !constant_default(value))
+        return;
+    *cache = PyBytes_FromStringAndSize(b->data + start, (Py_ssize_t)(b->len - start));
+    if (!*cache)
+        PyErr_Clear(); /* not cached: formatted again next time */
+}
 
 /* Calls put for every parameter that has a default and was given neither positionally
  * nor by keyword (SPEC 3.3), in signature order. Returns how many, or -1. */
@@ -174,7 +200,7 @@ static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kw
         if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
             continue;
         const char *pname = PyUnicode_AsUTF8(p->name);
-        if (!pname || put(b, pname, p->default_value, w->logger->cfg.level, count == 0) < 0)
+        if (!pname || put(b, pname, p, w->logger->cfg.level, count == 0) < 0)
             return -1;
         count++;
     }
@@ -190,23 +216,35 @@ static void put_call_line(fi_buf *b, const char *timestamp, const char *name)
     fi_buf_putc(b, '\n');
 }
 
-static int text_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+static int text_default(fi_buf *b, const char *name, param_info *p, int level, int first)
 {
     if (first)
         fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
     fi_buf_puts(b, "  ");
     fi_buf_puts(b, name);
     fi_buf_puts(b, "= [DEFAULT]\n");
-    return fi_format_value(b, value, 2, level);
+    if (p->default_text[0])
+        return put_cached(b, &p->default_text[0]);
+    size_t start = b->len;
+    if (fi_format_value(b, p->default_value, 2, level) < 0)
+        return -1;
+    remember(b, start, p->default_value, &p->default_text[0]);
+    return 0;
 }
 
-static int json_default(fi_buf *b, const char *name, PyObject *value, int level, int first)
+static int json_default(fi_buf *b, const char *name, param_info *p, int level, int first)
 {
     if (!first)
         fi_buf_puts(b, ", ");
     fi_json_str(b, name, strlen(name));
     fi_buf_puts(b, ": ");
-    return fi_format_json_value(b, value, level);
+    if (p->default_text[1])
+        return put_cached(b, &p->default_text[1]);
+    size_t start = b->len;
+    if (fi_format_json_value(b, p->default_value, level) < 0)
+        return -1;
+    remember(b, start, p->default_value, &p->default_text[1]);
+    return 0;
 }
 
 /* The level-3/5 block written before the call (SPEC 3.3). */
@@ -564,6 +602,8 @@ static int wrapper_clear(fi_wrapper *w)
     for (Py_ssize_t i = 0; i < w->nparams; i++) {
         Py_CLEAR(w->params[i].name);
         Py_CLEAR(w->params[i].default_value);
+        Py_CLEAR(w->params[i].default_text[0]);
+        Py_CLEAR(w->params[i].default_text[1]);
     }
     return 0;
 }

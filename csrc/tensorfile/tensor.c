@@ -192,7 +192,7 @@ static int read_device(PyObject *obj, fi_tensor *out)
     return 0;
 }
 
-int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
+int fi_tensor_meta_from_py(PyObject *obj, fi_tensor *out)
 {
     if (!fi_is_tensor(obj)) {
         PyErr_Format(PyExc_TypeError, "expected a torch.Tensor, got %.200s", Py_TYPE(obj)->tp_name);
@@ -219,14 +219,19 @@ int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
         return -1;
     out->dtype = fi_dtype_from_py(dtype);
     Py_DECREF(dtype);
+    return read_device(obj, out);
+}
+
+int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
+{
+    if (fi_tensor_meta_from_py(obj, out) < 0)
+        return -1;
     PyObject *ptr = PyObject_CallMethodNoArgs(obj, fi_names.data_ptr);
     if (!ptr)
         return -1;
     out->data = PyLong_AsVoidPtr(ptr);
     Py_DECREF(ptr);
-    if (PyErr_Occurred())
-        return -1;
-    return read_device(obj, out);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* Appends str(getattr(tensor, name)). */

@@ -32,6 +32,10 @@ const char *fi_dtype_name(fi_dtype dtype);
  * Returns -1 with an exception set when obj is not a usable tensor. */
 int fi_tensor_from_py(PyObject *obj, fi_tensor *out);
 
+/* The same without the data pointer (out->data is NULL): all that a description of the
+ * tensor needs, one method call fewer. */
+int fi_tensor_meta_from_py(PyObject *obj, fi_tensor *out);
+
 /* Appends str(tensor.dtype) ("torch.float32") / str(tensor.device) ("cpu", "cuda:0")
  * from t, asking Python only for kinds we cannot name. -1 with an exception set. */
 int fi_tensor_put_dtype(fi_buf *b, PyObject *tensor, const fi_tensor *t);
