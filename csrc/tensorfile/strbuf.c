@@ -56,23 +56,12 @@ static int reserve(fi_buf *b, size_t extra)
     return 0;
 }
 
-int fi_buf_append(fi_buf *b, const char *s, size_t n)
+int fi_buf_append_slow(fi_buf *b, const char *s, size_t n)
 {
     if (reserve(b, n) < 0)
         return -1;
     memcpy(b->data + b->len, s, n);
     b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
-}
-
-int fi_buf_puts(fi_buf *b, const char *s) { return fi_buf_append(b, s, strlen(s)); }
-
-int fi_buf_putc(fi_buf *b, char c)
-{
-    if (b->len + 2 > b->cap || b->oom) /* no room for c and the NUL: grow */
-        return fi_buf_append(b, &c, 1);
-    b->data[b->len++] = c;
     b->data[b->len] = '\0';
     return 0;
 }

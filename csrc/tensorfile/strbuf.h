@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <string.h>
 
 #define FI_BUF_INLINE 512
 
@@ -19,10 +20,24 @@ typedef struct {
 void fi_buf_init(fi_buf *b);
 void fi_buf_free(fi_buf *b);
 void fi_buf_reset(fi_buf *b);
-/* Each append returns 0, or -1 after an allocation failure (b->oom set). */
-int fi_buf_append(fi_buf *b, const char *s, size_t n);
-int fi_buf_puts(fi_buf *b, const char *s);
-int fi_buf_putc(fi_buf *b, char c);
+/* fi_buf_append when the buffer must grow (or has failed to). */
+int fi_buf_append_slow(fi_buf *b, const char *s, size_t n);
+
+/* Each append returns 0, or -1 after an allocation failure (b->oom set). Inline: a log
+ * record is a hundred or more small appends, most of them of constant strings. */
+static inline int fi_buf_append(fi_buf *b, const char *s, size_t n)
+{
+    if (n >= b->cap - b->len || b->oom) /* no room for s and the NUL */
+        return fi_buf_append_slow(b, s, n);
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+static inline int fi_buf_puts(fi_buf *b, const char *s) { return fi_buf_append(b, s, strlen(s)); }
+
+static inline int fi_buf_putc(fi_buf *b, char c) { return fi_buf_append(b, &c, 1); }
 /* Decimal digits, without printf (records are built on every call). */
 int fi_buf_put_u64(fi_buf *b, unsigned long long v);
 int fi_buf_put_i64(fi_buf *b, long long v);
