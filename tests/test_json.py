@@ -1,6 +1,12 @@
 """flashinfer_native._C.json_dumps writes exactly what json.dumps writes."""
 
 import json
+import math
+import os
+import random
+import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +100,41 @@ def test_json_loads_rejects_malformed_text(text):
 def test_json_loads_rejects_nesting_deeper_than_64():
     with pytest.raises(ValueError, match="nesting deeper than 64"):
         _C.json_loads("[" * 65 + "]" * 65)
+
+
+def float_cases():
+    """Random bit patterns (every exponent, subnormals), random decimals of every size,
+    float32 values, and the edges: powers of 2 and 10 and their neighbours (where the
+    gap below a double is half the gap above), the smallest and largest doubles, and
+    the points where repr switches to scientific notation."""
+    rng = random.Random(2018)
+    bits = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(100000)]
+    f32 = [struct.unpack("<f", struct.pack("<I", rng.getrandbits(32)))[0] for _ in range(30000)]
+    decimals = [rng.random() * 10 ** rng.randint(-30, 30) for _ in range(30000)]
+    edges = [2.0**e for e in range(-1074, 1024)] + [10.0**e for e in range(-323, 309)]
+    edges += [math.nextafter(v, d) for v in edges for d in (0.0, math.inf)]
+    edges += [5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 9999999999999998.0]
+    edges += [1e16, 1e15, 1e-05, 0.0001, 0.1, 0.2, 0.3, 2.0**53 + 2, 0.0, -0.0]
+    values = bits + f32 + decimals + edges + [-v for v in edges]
+    return [v for v in values if math.isfinite(v)] + [math.inf, -math.inf, math.nan]
+
+
+def test_floats_are_written_with_pythons_shortest_repr():
+    # the C writer's own shortest round-trip digits (float_repr.c), never Python's dtoa
+    values = float_cases()
+    ours = _C.json_dumps(values)[1:-1].split(", ")
+    theirs = json.dumps(values)[1:-1].split(", ")
+    assert len(ours) == len(values)
+    assert [(v, a) for v, a, b in zip(values, ours, theirs) if a != b] == []
+
+
+def test_the_power_of_5_table_is_what_its_generator_writes():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "tools", "gen_float_repr_table.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    with open(os.path.join(root, "csrc", "tensorfile", "float_repr_table.h")) as f:
+        assert f.read() == out

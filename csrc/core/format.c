@@ -3,6 +3,7 @@
 #include "format.h"
 
 #include "flashinfer_kernels.h"
+#include "float_repr.h"
 #include "stats.h"
 #include "tensor.h"
 
@@ -47,6 +48,20 @@ static int put_text(fi_buf *b, PyObject *obj, int use_repr)
     }
     Py_DECREF(s);
     return r;
+}
+
+/* str() of an exact int or float, without building the str object. */
+static int put_number(fi_buf *b, PyObject *v)
+{
+    if (PyFloat_CheckExact(v)) {
+        char s[FI_FLOAT_REPR_MAX];
+        return fi_buf_append(b, s, fi_float_repr(PyFloat_AS_DOUBLE(v), s));
+    }
+    int overflow;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    return overflow ? put_text(b, v, 0) : fi_buf_put_i64(b, n);
 }
 
 static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
@@ -190,6 +205,8 @@ int fi_format_value(fi_buf *b, PyObject *v, int indent, int level)
         r = fi_buf_puts(b, "None\n");
     else if (PyObject_TypeCheck(v, (PyTypeObject *)enum_type))
         r = format_enum(b, v) < 0 ? -1 : fi_buf_putc(b, '\n');
+    else if (PyLong_CheckExact(v) || PyFloat_CheckExact(v))
+        r = put_number(b, v) < 0 ? -1 : fi_buf_putc(b, '\n');
     else if (PyBool_Check(v) || PyLong_Check(v) || PyFloat_Check(v))
         r = put_text(b, v, 0) < 0 ? -1 : fi_buf_putc(b, '\n');
     else if (PyUnicode_Check(v))

@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "float_repr.h"
+
 static const char hexdigits[] = "0123456789abcdef";
 
 /* One code point as json.dumps(ensure_ascii=True) writes it inside a string. */
@@ -109,15 +111,8 @@ int fi_json_double(fi_buf *b, double v)
         return fi_buf_append(b, "NaN", 3);
     if (isinf(v))
         return v > 0 ? fi_buf_append(b, "Infinity", 8) : fi_buf_append(b, "-Infinity", 9);
-    char *s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (!s) {
-        PyErr_Clear();
-        b->oom = 1;
-        return -1;
-    }
-    int r = fi_buf_puts(b, s);
-    PyMem_Free(s);
-    return r;
+    char s[FI_FLOAT_REPR_MAX];
+    return fi_buf_append(b, s, fi_float_repr(v, s));
 }
 
 int fi_json_int64(fi_buf *b, int64_t v) { return fi_buf_put_i64(b, (long long)v); }
