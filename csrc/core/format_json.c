@@ -284,24 +284,6 @@ static int put_dict(fi_buf *b, PyObject *dict, int level)
     return r < 0 ? -1 : fi_buf_puts(b, "]}");
 }
 
-/* An int as a JSON number; one past int64 as its decimal digits (still a number). */
-static int put_int(fi_buf *b, PyObject *v)
-{
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    if (!overflow)
-        return fi_buf_put_i64(b, x);
-    PyObject *digits = PyObject_Str(v);
-    if (!digits)
-        return -1;
-    const char *s = PyUnicode_AsUTF8(digits);
-    int r = s ? fi_buf_puts(b, s) : -1;
-    Py_DECREF(digits);
-    return r;
-}
-
 static int put_value(fi_buf *b, PyObject *v, int level)
 {
     if (fi_is_tensor(v))
@@ -313,7 +295,7 @@ static int put_value(fi_buf *b, PyObject *v, int level)
     if (PyBool_Check(v))
         return fi_buf_puts(b, v == Py_True ? "true" : "false");
     if (PyLong_Check(v))
-        return put_int(b, v);
+        return fi_json_pyint(b, v);
     if (PyFloat_Check(v))
         return fi_json_double(b, PyFloat_AS_DOUBLE(v));
     if (PyUnicode_Check(v))

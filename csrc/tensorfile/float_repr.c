@@ -33,6 +33,16 @@ static uint64_t mul_shift(uint64_t m, const uint64_t *mul, int j)
     return (uint64_t)(((low >> 64) + high) >> (j - 64));
 }
 
+/* Divides the value and its bounds by 10; returns the digit the value lost. */
+static int drop_digit(uint64_t *vr, uint64_t *vp, uint64_t *vm)
+{
+    int digit = (int)(*vr % 10);
+    *vr /= 10;
+    *vp /= 10;
+    *vm /= 10;
+    return digit;
+}
+
 /* The shortest decimal d * 10^e that rounds to the double with binary mantissa m2 and
  * exponent e2 (value m2 * 2^e2, m2 with its implicit bit), correctly rounded among the
  * shortest. */
@@ -88,21 +98,13 @@ static void shortest(uint64_t m2, int e2, int mm_shift, uint64_t *digits, int *e
         while (vp / 10 > vm / 10) {
             vm_trailing_zeros &= vm % 10 == 0;
             vr_trailing_zeros &= last == 0;
-            last = (int)(vr % 10);
-            vr /= 10;
-            vp /= 10;
-            vm /= 10;
+            last = drop_digit(&vr, &vp, &vm);
             removed++;
         }
-        if (vm_trailing_zeros) {
-            while (vm % 10 == 0) {
-                vr_trailing_zeros &= last == 0;
-                last = (int)(vr % 10);
-                vr /= 10;
-                vp /= 10;
-                vm /= 10;
-                removed++;
-            }
+        while (vm_trailing_zeros && vm % 10 == 0) {
+            vr_trailing_zeros &= last == 0;
+            last = drop_digit(&vr, &vp, &vm);
+            removed++;
         }
         if (vr_trailing_zeros && last == 5 && vr % 2 == 0)
             last = 4; /* exactly halfway: round to even */
@@ -110,10 +112,7 @@ static void shortest(uint64_t m2, int e2, int mm_shift, uint64_t *digits, int *e
     } else {
         int round_up = 0;
         while (vp / 10 > vm / 10) {
-            round_up = vr % 10 >= 5;
-            vr /= 10;
-            vp /= 10;
-            vm /= 10;
+            round_up = drop_digit(&vr, &vp, &vm) >= 5;
             removed++;
         }
         out = vr + (vr == vm || round_up);

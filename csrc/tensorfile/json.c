@@ -171,9 +171,7 @@ static int put_repr(fi_buf *b, PyObject *obj, reprfunc repr)
     return r;
 }
 
-/* An int as int.__repr__ writes it (for int subclasses too, as json does): the digits
- * directly when it fits 64 bits. */
-static int put_int(fi_buf *b, PyObject *obj)
+int fi_json_pyint(fi_buf *b, PyObject *obj)
 {
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
@@ -199,7 +197,7 @@ static int put_key(fi_buf *b, PyObject *key)
     else if (key == Py_None)
         r = fi_json_null(b) < 0 ? oom() : 0;
     else if (PyLong_Check(key))
-        r = put_int(b, key);
+        r = fi_json_pyint(b, key);
     else {
         PyErr_Format(PyExc_TypeError, "keys must be str, int, float, bool or None, not %.200s",
                      Py_TYPE(key)->tp_name);
@@ -283,7 +281,7 @@ static int put_value(fi_buf *b, PyObject *obj)
     if (PyUnicode_Check(obj))
         return put_pystr(b, obj);
     if (PyLong_Check(obj))
-        return put_int(b, obj);
+        return fi_json_pyint(b, obj);
     if (PyFloat_Check(obj))
         return fi_json_double(b, PyFloat_AS_DOUBLE(obj)) < 0 ? oom() : 0;
     int is_list = PyList_Check(obj) || PyTuple_Check(obj), is_dict = PyDict_Check(obj);

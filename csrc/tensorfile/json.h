@@ -18,6 +18,9 @@ int fi_json_str(fi_buf *b, const char *s, size_t n);
 int fi_json_double(fi_buf *b, double v);
 
 int fi_json_int64(fi_buf *b, int64_t v);
+/* A Python int as int.__repr__ writes it (for int subclasses too, as json does): the
+ * digits directly when it fits 64 bits. -1 with an exception set on failure. */
+int fi_json_pyint(fi_buf *b, PyObject *obj);
 int fi_json_bool(fi_buf *b, int v);
 int fi_json_null(fi_buf *b);
 
