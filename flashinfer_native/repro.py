@@ -526,7 +526,7 @@ def _ending(target, record, outputs, script):
         why = (
             f"its outputs were not recorded ({record['outputs_skipped']})"
             if status == "completed"
-            else "the recorded process ended during this call"
+            else "the recording holds no outcome of this call"
         )
         message = f"The call returned; {why}, so there is nothing to compare with."
         return [f"    print({message!r})", "    return 0"]
@@ -654,7 +654,12 @@ def _docstring(steps, record, device, rtol, atol):
         "match, 1 when they do not.",
         "exception": f"The recorded call raised {exc.get('type')}; the script exits 0 when the "
         "call raises\nthe same exception type, 1 otherwise.",
-    }.get(status, "The recorded process ended during this call: there is nothing to compare.")
+    }.get(
+        status,
+        "The recording holds no outcome of this call: the process ended during it, or its\n"
+        "recorder wrote none (FlashInfer's writes none for a call that raised). The script\n"
+        "runs the call; an exception it raises ends the script with exit status 1.",
+    )
     lines = [
         f"Reproducer of one recorded FlashInfer API call: {target.api}.",
         "",
