@@ -185,3 +185,42 @@ def test_nvfp4_per_token_simd_paths_give_the_portable_bits(monkeypatch, isa, dty
 
     got, ref = on_isa(monkeypatch, isa, run), on_isa(monkeypatch, "portable", run)
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+ATTENTION_PATHS = [pytest.param("portable")] + SIMD_PATHS
+
+
+@pytest.mark.parametrize("isa", ATTENTION_PATHS)
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize(
+    "kv_dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+)
+def test_decode_every_path_matches_reference(monkeypatch, isa, group, kv_dtype):
+    # 301 keys: a last block of 13, not a whole score tile
+    g = torch.Generator().manual_seed(group)
+    for d in (64, 128, 256):
+        q_dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16
+        q = torch.randn(2 * group, d, generator=g).to(q_dtype)
+        k = (torch.randn(301, 2, d, generator=g) * 4).to(kv_dtype)
+        v = (torch.randn(301, 2, d, generator=g) * 4).to(kv_dtype)
+        out = on_isa(monkeypatch, isa, lambda q=q, k=k, v=v: single_decode_with_kv_cache(q, k, v))
+        ref, _ = attention(q[None], k.float(), v.float())
+        tol = TOLERANCE[torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16]
+        torch.testing.assert_close(out.float(), ref[0], **tol)
+
+
+@pytest.mark.parametrize("isa", ATTENTION_PATHS)
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_e4m3_nan_code_in_k_or_v_reaches_only_the_outputs_it_feeds(monkeypatch, isa, group):
+    g = torch.Generator().manual_seed(group)
+    q = torch.randn(2 * group, 128, generator=g).half()
+    k = torch.randn(70, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    v = torch.randn(70, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan.view(torch.uint8)[40, 1, 5] = 0xFF  # -NaN: kv head 1's scores, so all its outputs
+    v_nan.view(torch.uint8)[7, 0, 3] = 0x7F  # NaN: column 3 of kv head 0's outputs
+    out_k = on_isa(monkeypatch, isa, lambda: single_decode_with_kv_cache(q, k_nan, v)).float()
+    out_v = on_isa(monkeypatch, isa, lambda: single_decode_with_kv_cache(q, k, v_nan)).float()
+    assert out_k[group:].isnan().all() and not out_k[:group].isnan().any()
+    assert out_v[:group, 3].isnan().all()
+    assert out_v.isnan().sum() == group
