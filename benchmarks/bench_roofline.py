@@ -15,6 +15,12 @@ the FMA peak). Every kernel figure is then given as a fraction of one of them:
   (weight-bound): bytes of the operands per second against the read bandwidth;
 - ``nvfp4_quantize``: bytes read and written per second against the read bandwidth.
 
+Decode and the m = 4 GEMMs also do arithmetic on every byte they read (GQA group g: 2g
+FLOP per K or V element; m = 4: 8 FLOP per fp8 weight byte, 16 per NVFP4 one), so each is
+given against its attainable roofline too: the lower of the read bandwidth and the bmm
+rate divided by the case's FLOP per byte. "bound" names the lower one: "bw" (memory) or
+"fma" (where even the FMA peak cannot keep up with the bandwidth).
+
 Times are the best of ``--repeats`` calls after one warm-up, on ``torch.get_num_threads()``
 threads (set OMP_NUM_THREADS to change it). Run it twice to see the spread.
 """
@@ -201,6 +207,19 @@ def case_nvfp4_quantize(m, k):
     return name, run, moved, BANDWIDTH, 0
 
 
+def attainable_roof(row, bandwidth, bmm):
+    """(attainable rate, "bw" or "fma" or "", FLOP per byte or None) of one case, wall time.
+    Byte-rated cases that compute (decode, m = 4 GEMMs) can be held below the bandwidth by
+    the FMA rate; FLOP-rated ones and the quantizer have a single roof."""
+    if row["against"] != BANDWIDTH:
+        return bmm, "fma", None
+    if not row["flops"]:
+        return bandwidth, "bw", None
+    intensity = row["flops"] / row["amount"]
+    compute = bmm / intensity
+    return (compute, "fma", intensity) if compute < bandwidth else (bandwidth, "bw", intensity)
+
+
 def cases(quick):
     lens = (1024, 4096) if quick else (1024, 4096, 32768)
     dtypes = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
@@ -259,23 +278,25 @@ def main(argv=None):
     )
     print(
         "fraction: of the roofline in wall time (and in CPU time: both rates per CPU-second);"
-        " attainable: the lower of the bandwidth and bmm rate / FLOP per byte"
+        " attainable: the lower of the bandwidth and bmm rate / FLOP per byte (wall)"
     )
     print(
-        f"{'case':58s} {'ms':>9s} {'rate':>15s} {'fraction':>9s} {'(cpu)':>7s} {'of attainable':>14s}"
+        f"{'case':58s} {'ms':>9s} {'rate':>15s} {'fraction':>9s} {'(cpu)':>7s} "
+        f"{'FLOP/B':>7s} {'attainable':>10s} {'bound':>5s} {'of attainable':>14s}"
     )
     for r in rows:
         wall_roof, cpu_roof = bandwidth if r["against"] == BANDWIDTH else bmm
         unit = "GB/s" if r["against"] == BANDWIDTH else "GFLOP/s"
         r["fraction"] = r["per_s"] / wall_roof
         r["fraction_cpu"] = r["per_cpu_s"] / cpu_roof
-        attainable = wall_roof
-        if r["against"] == BANDWIDTH and r["flops"]:
-            attainable = min(wall_roof, bmm[0] * r["amount"] / r["flops"])
+        attainable, bound, intensity = attainable_roof(r, bandwidth[0], bmm[0])
+        r |= {"flop_per_byte": intensity, "attainable_per_s": attainable, "bound": bound}
         r["fraction_of_attainable"] = r["per_s"] / attainable
+        shown = f"{intensity:7.1f}" if intensity else f"{'':7s}"
         print(
             f"{r['case']:58s} {r['ms']:9.2f} {r['per_s'] / GB:7.1f} {unit:7s} "
-            f"{r['fraction']:8.1%} {r['fraction_cpu']:7.1%} {r['fraction_of_attainable']:13.1%}"
+            f"{r['fraction']:8.1%} {r['fraction_cpu']:7.1%} {shown} {attainable / GB:10.1f} "
+            f"{bound:>5s} {r['fraction_of_attainable']:13.1%}"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -1,6 +1,7 @@
 """The CPU kernels' internal paths agree with each other and with torch: split decode
 merged in key order, fp8 KV read without widening, small-m GEMMs that read B once, and
-the vectorized fp4 quantizer against its strided (scalar) twin."""
+the vectorized fp4 quantizer against its strided (scalar) twin. FLASHINFER_CPU_ISA
+(portable, avx2) lowers the SIMD level the kernels take, so every path runs here."""
 
 import pytest
 import torch
@@ -10,6 +11,34 @@ from test_fp4 import dequantize
 import flashinfer
 from flashinfer.decode import single_decode_with_kv_cache
 from flashinfer.fp4_quantization import SfLayout, fp4_quantize
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return []
+
+
+def simd_path(isa, *flags):
+    missing = [f for f in flags if f not in cpu_flags()]
+    return pytest.param(isa, marks=pytest.mark.skipif(bool(missing), reason=f"no {missing}"))
+
+
+SIMD_PATHS = [
+    simd_path("avx2", "avx2", "fma", "f16c"),
+    simd_path("avx512", "avx512f", "avx512bw", "avx512vl", "avx512dq"),
+]
+
+
+def on_isa(monkeypatch, isa, fn):
+    """fn() with the kernels held to isa ('avx512' is the widest: no cap)."""
+    with monkeypatch.context() as mp:
+        mp.setenv("FLASHINFER_CPU_ISA", isa)
+        return fn()
 
 
 def with_threads(n, fn):
@@ -104,3 +133,94 @@ def test_fp4_quantize_contiguous_and_strided_rows_give_the_same_bits(dtype, sv, 
     q1, sf1 = fp4_quantize(x, gsf, sv, ue8m0, False)
     q2, sf2 = fp4_quantize(strided, gsf, sv, ue8m0, False)
     assert torch.equal(q1, q2) and torch.equal(sf1, sf2)
+
+
+def awkward_rows(m, k, dtype, seed):
+    """m x k values whose 16-element blocks span 2^-30 to 2^30, with NaN, +-inf, +-0, float32
+    denormals, a zero block, and a block (gsf 1: scale 1) of every E2M1 tie: 0.25, 0.75,
+    1.25, 1.75, 2.5, 3.5, 5 and their negatives."""
+    g = torch.Generator().manual_seed(seed)
+    mag = torch.randint(-30, 31, (m, k // 16, 1), generator=g).float().exp2()
+    x = (torch.randn(m, k // 16, 16, generator=g) * mag).reshape(m, k)
+    flat = x.view(-1)
+    at = torch.randperm(flat.numel(), generator=g)[:60]
+    specials = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, -3e-39, 6e-8]
+    for i, v in zip(at.tolist(), specials * 8):
+        flat[i] = v
+    x[1, 32:48] = 0.0
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]
+    x[2, 16:32] = torch.tensor(ties + [-t for t in ties])
+    return x.to(dtype)
+
+
+LAYOUTS = {"128x4": (True, False), "8x4": (True, True), "linear": (False, False)}
+
+
+@pytest.mark.parametrize("isa", SIMD_PATHS)
+@pytest.mark.parametrize("gsf", [1.0, 3.7, 1e30, -2.0])
+@pytest.mark.parametrize("sv, ue8m0", [(16, False), (32, True), (16, True), (32, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fp4_quantize_simd_paths_give_the_portable_bits(monkeypatch, isa, gsf, sv, ue8m0, dtype):
+    # 299 blocks of 16 (149 of 32): two whole segments of 128 blocks, and a last one whose
+    # blocks and elements leave tails of every SIMD step
+    x = awkward_rows(9, 4784 if sv == 16 else 4768, dtype, seed=sv)
+    for layout, (swizzled, eight_by_four) in LAYOUTS.items():
+
+        def run(x=x, swizzled=swizzled, eight_by_four=eight_by_four):
+            return fp4_quantize(x, torch.tensor(gsf), sv, ue8m0, swizzled, eight_by_four)
+
+        q, sf = on_isa(monkeypatch, isa, run)
+        ref_q, ref_sf = on_isa(monkeypatch, "portable", run)
+        assert torch.equal(q, ref_q) and torch.equal(sf, ref_sf), layout
+
+
+@pytest.mark.parametrize("isa", SIMD_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_nvfp4_per_token_simd_paths_give_the_portable_bits(monkeypatch, isa, dtype):
+    x = awkward_rows(9, 4768, dtype, seed=5)
+    x[4] = 0.0
+
+    def run():
+        return flashinfer.nvfp4_quantize(x, torch.tensor(1 / 2688), per_token_activation=True)
+
+    got, ref = on_isa(monkeypatch, isa, run), on_isa(monkeypatch, "portable", run)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+ATTENTION_PATHS = [pytest.param("portable")] + SIMD_PATHS
+
+
+@pytest.mark.parametrize("isa", ATTENTION_PATHS)
+@pytest.mark.parametrize("group", [1, 3, 4, 8])
+@pytest.mark.parametrize(
+    "kv_dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+)
+def test_decode_every_path_matches_reference(monkeypatch, isa, group, kv_dtype):
+    # 301 keys: a last block of 13, not a whole score tile
+    g = torch.Generator().manual_seed(group)
+    for d in (64, 128, 256):
+        q_dtype = torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16
+        q = torch.randn(2 * group, d, generator=g).to(q_dtype)
+        k = (torch.randn(301, 2, d, generator=g) * 4).to(kv_dtype)
+        v = (torch.randn(301, 2, d, generator=g) * 4).to(kv_dtype)
+        out = on_isa(monkeypatch, isa, lambda q=q, k=k, v=v: single_decode_with_kv_cache(q, k, v))
+        ref, _ = attention(q[None], k.float(), v.float())
+        tol = TOLERANCE[torch.bfloat16 if kv_dtype == torch.bfloat16 else torch.float16]
+        torch.testing.assert_close(out.float(), ref[0], **tol)
+
+
+@pytest.mark.parametrize("isa", ATTENTION_PATHS)
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_e4m3_nan_code_in_k_or_v_reaches_only_the_outputs_it_feeds(monkeypatch, isa, group):
+    g = torch.Generator().manual_seed(group)
+    q = torch.randn(2 * group, 128, generator=g).half()
+    k = torch.randn(70, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    v = torch.randn(70, 2, 128, generator=g).to(torch.float8_e4m3fn)
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan.view(torch.uint8)[40, 1, 5] = 0xFF  # -NaN: kv head 1's scores, so all its outputs
+    v_nan.view(torch.uint8)[7, 0, 3] = 0x7F  # NaN: column 3 of kv head 0's outputs
+    out_k = on_isa(monkeypatch, isa, lambda: single_decode_with_kv_cache(q, k_nan, v)).float()
+    out_v = on_isa(monkeypatch, isa, lambda: single_decode_with_kv_cache(q, k, v_nan)).float()
+    assert out_k[group:].isnan().all() and not out_k[:group].isnan().any()
+    assert out_v[:group, 3].isnan().all()
+    assert out_v.isnan().sum() == group

@@ -1,5 +1,5 @@
 /* attention_block.h: the arithmetic of CPU attention on one block of keys (widen K/V rows
- * to float32, scores, exp, P @ V), in an AVX2+FMA+F16C and a portable version. */
+ * to float32, scores, exp, P @ V), in AVX-512 (fp8 rows), AVX2+FMA+F16C and portable versions. */
 #ifndef FI_ATTENTION_BLOCK_H
 #define FI_ATTENTION_BLOCK_H
 
@@ -36,7 +36,7 @@ typedef struct {
     int narrow_rows;
 } fi_attention_block_ops;
 
-/* The fastest version this CPU runs for head dimension d. */
+/* The fastest version this CPU runs for head dimension d (FLASHINFER_CPU_ISA can lower it). */
 const fi_attention_block_ops *fi_attention_block_ops_for(int64_t d);
 
 #endif
