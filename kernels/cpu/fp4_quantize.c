@@ -457,45 +457,40 @@ FI_AVX2_INLINE float row_amax_typed(fi_dtype dtype, const fi_fp4_quantize_params
     return hmax8(max_abs8(row, dtype, p->x.shape[1] / 8));
 }
 
-/* One copy of each row loop per input dtype and block size, so that the loads are not a
- * switch per element and block indices are shifts. */
-FI_AVX2 static void quantize_row_avx2(const fi_fp4_quantize_params *p, const scale_table *t,
-                                      float gsf, int64_t r)
-{
-    int sv32 = p->sf_vec_size == 32;
-    switch (p->x.dtype) {
-    case FI_DTYPE_F16:
-        if (sv32)
-            quantize_row_typed(FI_DTYPE_F16, 32, p, t, gsf, r);
-        else
-            quantize_row_typed(FI_DTYPE_F16, 16, p, t, gsf, r);
-        break;
-    case FI_DTYPE_BF16:
-        if (sv32)
-            quantize_row_typed(FI_DTYPE_BF16, 32, p, t, gsf, r);
-        else
-            quantize_row_typed(FI_DTYPE_BF16, 16, p, t, gsf, r);
-        break;
-    default:
-        if (sv32)
-            quantize_row_typed(FI_DTYPE_F32, 32, p, t, gsf, r);
-        else
-            quantize_row_typed(FI_DTYPE_F32, 16, p, t, gsf, r);
-        break;
+/* A SIMD level's row quantizer and per-token row maximum: one copy of its row loop TYPED
+ * (and of AMAX) per input dtype and block size, so that the loads are not a switch per
+ * element and block indices are shifts. */
+#define ROW_DISPATCH(ATTR, LEVEL, TYPED, AMAX)                                                     \
+    ATTR static void quantize_row_##LEVEL(const fi_fp4_quantize_params *p, const scale_table *t,   \
+                                          float gsf, int64_t r)                                    \
+    {                                                                                              \
+        int sv32 = p->sf_vec_size == 32;                                                           \
+        switch (p->x.dtype) {                                                                      \
+        case FI_DTYPE_F16:                                                                         \
+            sv32 ? TYPED(FI_DTYPE_F16, 32, p, t, gsf, r) : TYPED(FI_DTYPE_F16, 16, p, t, gsf, r);  \
+            break;                                                                                 \
+        case FI_DTYPE_BF16:                                                                        \
+            sv32 ? TYPED(FI_DTYPE_BF16, 32, p, t, gsf, r)                                          \
+                 : TYPED(FI_DTYPE_BF16, 16, p, t, gsf, r);                                         \
+            break;                                                                                 \
+        default:                                                                                   \
+            sv32 ? TYPED(FI_DTYPE_F32, 32, p, t, gsf, r) : TYPED(FI_DTYPE_F32, 16, p, t, gsf, r);  \
+            break;                                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+    ATTR static float row_amax_##LEVEL(const fi_fp4_quantize_params *p, int64_t r)                 \
+    {                                                                                              \
+        switch (p->x.dtype) {                                                                      \
+        case FI_DTYPE_F16:                                                                         \
+            return AMAX(FI_DTYPE_F16, p, r);                                                       \
+        case FI_DTYPE_BF16:                                                                        \
+            return AMAX(FI_DTYPE_BF16, p, r);                                                      \
+        default:                                                                                   \
+            return AMAX(FI_DTYPE_F32, p, r);                                                       \
+        }                                                                                          \
     }
-}
 
-FI_AVX2 static float row_amax_avx2(const fi_fp4_quantize_params *p, int64_t r)
-{
-    switch (p->x.dtype) {
-    case FI_DTYPE_F16:
-        return row_amax_typed(FI_DTYPE_F16, p, r);
-    case FI_DTYPE_BF16:
-        return row_amax_typed(FI_DTYPE_BF16, p, r);
-    default:
-        return row_amax_typed(FI_DTYPE_F32, p, r);
-    }
-}
+ROW_DISPATCH(FI_AVX2, avx2, quantize_row_typed, row_amax_typed)
 
 /* ---- AVX-512 (F, BW, VL, DQ) ---------------------------------------------------------- */
 
@@ -772,43 +767,8 @@ FI_AVX512_INLINE float row_amax_typed16(fi_dtype dtype, const fi_fp4_quantize_pa
     return _mm512_reduce_max_ps(max_abs16(row, dtype, p->x.shape[1] / 16));
 }
 
-FI_AVX512 static void quantize_row_avx512(const fi_fp4_quantize_params *p, const scale_table *t,
-                                          float gsf, int64_t r)
-{
-    int sv32 = p->sf_vec_size == 32;
-    switch (p->x.dtype) {
-    case FI_DTYPE_F16:
-        if (sv32)
-            quantize_row_typed16(FI_DTYPE_F16, 32, p, t, gsf, r);
-        else
-            quantize_row_typed16(FI_DTYPE_F16, 16, p, t, gsf, r);
-        break;
-    case FI_DTYPE_BF16:
-        if (sv32)
-            quantize_row_typed16(FI_DTYPE_BF16, 32, p, t, gsf, r);
-        else
-            quantize_row_typed16(FI_DTYPE_BF16, 16, p, t, gsf, r);
-        break;
-    default:
-        if (sv32)
-            quantize_row_typed16(FI_DTYPE_F32, 32, p, t, gsf, r);
-        else
-            quantize_row_typed16(FI_DTYPE_F32, 16, p, t, gsf, r);
-        break;
-    }
-}
-
-FI_AVX512 static float row_amax_avx512(const fi_fp4_quantize_params *p, int64_t r)
-{
-    switch (p->x.dtype) {
-    case FI_DTYPE_F16:
-        return row_amax_typed16(FI_DTYPE_F16, p, r);
-    case FI_DTYPE_BF16:
-        return row_amax_typed16(FI_DTYPE_BF16, p, r);
-    default:
-        return row_amax_typed16(FI_DTYPE_F32, p, r);
-    }
-}
+ROW_DISPATCH(FI_AVX512, avx512, quantize_row_typed16, row_amax_typed16)
+#undef ROW_DISPATCH
 #endif
 
 /* A row quantizer and its per-token row maximum, for one SIMD level. */
