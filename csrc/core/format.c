@@ -4,6 +4,7 @@
 
 #include "flashinfer_kernels.h"
 #include "float_repr.h"
+#include "json.h"
 #include "stats.h"
 #include "tensor.h"
 
@@ -50,18 +51,14 @@ static int put_text(fi_buf *b, PyObject *obj, int use_repr)
     return r;
 }
 
-/* str() of an exact int or float, without building the str object. */
+/* str() of an exact int or float, without building the str object (an exact int's str
+ * is its JSON digits). */
 static int put_number(fi_buf *b, PyObject *v)
 {
-    if (PyFloat_CheckExact(v)) {
-        char s[FI_FLOAT_REPR_MAX];
-        return fi_buf_append(b, s, fi_float_repr(PyFloat_AS_DOUBLE(v), s));
-    }
-    int overflow;
-    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
-    return overflow ? put_text(b, v, 0) : fi_buf_put_i64(b, n);
+    if (PyLong_CheckExact(v))
+        return fi_json_pyint(b, v);
+    char s[FI_FLOAT_REPR_MAX];
+    return fi_buf_append(b, s, fi_float_repr(PyFloat_AS_DOUBLE(v), s));
 }
 
 static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
