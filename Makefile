@@ -26,7 +26,7 @@ NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml na
 	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test fuzz \
-	fuzz-tools clean
+	fuzz-tools gpu-check clean
 
 all: build
 
@@ -64,6 +64,13 @@ $(FI_VENV)/.native: $(FI_VENV)/.deps $(NATIVE_SOURCES)
 test-flashinfer: build $(FI_VENV)/.native
 	cd tests/flashinfer_real && MIRROR_PYTHON=$(abspath $(VPY)) \
 		$(abspath $(FI_VENV))/bin/pytest -q -p no:cacheprovider . $(PYTEST_ARGS)
+
+# The prepared GPU check (tools/gpu_check.sh): on a CUDA machine every CUDA path and the
+# GPU benchmarks; elsewhere the build and the steps that need no device. GPU_CHECK_OUT
+# receives summary.json, junit.xml and gpu_check.log.
+GPU_CHECK_OUT ?= gpu_check_out
+gpu-check: venv
+	PYTHON=$(abspath $(VPY)) tools/gpu_check.sh $(GPU_CHECK_OUT)
 
 bench: build
 	$(VPY) benchmarks/bench_logging_overhead.py

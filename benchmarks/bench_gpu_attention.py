@@ -2,9 +2,11 @@
 
 Batch 64 x 4096 KV tokens (paged, page size 16), fp16, 32 query / 8 KV heads of 128 dims.
 Bandwidth is (K + V + q + o bytes) / time against the GPU's peak (table by name, else a
-measured device-to-device copy). Run: python3 benchmarks/bench_gpu_attention.py
+measured device-to-device copy). Run: python3 benchmarks/bench_gpu_attention.py [--json PATH]
 """
 
+import argparse
+import json
 import os
 import subprocess
 import sys
@@ -62,7 +64,18 @@ def child(level):
     print(time_cuda(fn, 50))
 
 
-def main():
+def measured_copy():
+    """Bytes read plus written per second by a 256 MB device-to-device copy."""
+    n = 1 << 28
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * n / time_cuda(lambda: b.copy_(a), 20)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gpu_attention: no CUDA device; nothing to measure")
         return 0
@@ -74,10 +87,12 @@ def main():
     fn, nbytes = setup()
     t = time_cuda(fn, 50)
     peak, source = peak_bandwidth()
+    copy = measured_copy()
     print(
         f"decode {BATCH}x{KV_LEN} fp16 Hq={HQ} Hkv={HKV} D={D}: {t * 1e6:.1f} us, "
         f"{nbytes / t / 1e12:.3f} TB/s = {100 * nbytes / t / peak:.1f}% of peak "
-        f"{peak / 1e12:.2f} TB/s [{source}]"
+        f"{peak / 1e12:.2f} TB/s [{source}], {nbytes / t / copy:.2f}x a measured D2D copy "
+        f"({copy / 1e12:.2f} TB/s read+write)"
     )
     times = {}
     for level in (0, 1, 3, 5):
@@ -94,8 +109,23 @@ def main():
         extra = (times[level] - times[0]) * 1e6
         print(
             f"logging level {level}: {times[level] * 1e6:.1f} us per call "
-            f"({extra:+.1f} us vs level 0)"
+            f"({extra:+.1f} us vs level 0, {100 * extra / 1e6 / times[0]:+.1f}% of the step)"
         )
+    if args.json:
+        figures = {
+            "device": torch.cuda.get_device_name(),
+            "decode_s": t,
+            "bytes": nbytes,
+            "TB_s": nbytes / t / 1e12,
+            "copy_TB_s": copy / 1e12,
+            "bandwidth_vs_copy": nbytes / t / copy,
+            "level_s": {str(k): v for k, v in times.items()},
+            "level1_share": (times[1] - times[0]) / times[0],
+            "level3_share": (times[3] - times[0]) / times[0],
+            "level5_ratio": times[5] / times[0],
+        }
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
     return 0
 
 

@@ -32,6 +32,11 @@ FP4_SHAPES = [  # (m, n, k)
 ]
 
 
+def shapes(args, table):
+    """The table's shapes, or with --short its second and last (a small and a large one)."""
+    return [table[1], table[-1]] if args.short else table
+
+
 def time_ms(fn, warmup, iters):
     """Median milliseconds of fn() measured with CUDA events on the current stream."""
     for _ in range(warmup):
@@ -88,7 +93,7 @@ def bench_bmm_fp8(args, rows):
         f"{'bmm_fp8 b x m x n x k':>28} {'torch ms':>9} {'cublas ms':>9} {'native ms':>9} "
         f"{'cublas/torch':>12} {'native/torch':>12} {'cublas TF/s':>11}"
     )
-    for b, m, n, k in BMM_SHAPES:
+    for b, m, n, k in shapes(args, BMM_SHAPES):
         row = bmm_fp8_row(args, b, m, n, k)
         rows.append(row)
         print(
@@ -108,15 +113,31 @@ def mm_fp8_row(args, m, n, k):
     alpha = torch.tensor(1.0, device="cuda")
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     ms = time_ms(lambda: mm_fp8(a, wp, alpha, torch.bfloat16, out), args.warmup, args.iters)
-    return {"op": "mm_fp8", "shape": [m, n, k], "ms": ms, "tflops": tflops(2.0 * m * n * k, ms)}
+    one = torch.tensor(1.0, device="cuda")
+    t_torch = time_ms(
+        lambda: torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, out=out),
+        args.warmup,
+        args.iters,
+    )
+    return {
+        "op": "mm_fp8",
+        "shape": [m, n, k],
+        "ms": ms,
+        "tflops": tflops(2.0 * m * n * k, ms),
+        "torch_scaled_mm_ms": t_torch,
+        "speed_vs_torch": t_torch / ms,
+    }
 
 
 def bench_mm_fp8(args, rows):
-    print(f"\n{'mm_fp8 m x n x k':>28} {'ms':>9} {'TF/s':>9}")
-    for m, n, k in FP4_SHAPES:
+    print(f"\n{'mm_fp8 m x n x k':>28} {'ms':>9} {'TF/s':>9} {'torch ms':>9} {'ours/torch':>10}")
+    for m, n, k in shapes(args, FP4_SHAPES):
         row = mm_fp8_row(args, m, n, k)
         rows.append(row)
-        print(f"{f'{m} x {n} x {k}':>28} {row['ms']:9.4f} {row['tflops']:9.1f}")
+        print(
+            f"{f'{m} x {n} x {k}':>28} {row['ms']:9.4f} {row['tflops']:9.1f} "
+            f"{row['torch_scaled_mm_ms']:9.4f} {row['speed_vs_torch']:9.2f}x"
+        )
 
 
 def fp4_row(args, m, n, k):
@@ -152,7 +173,7 @@ def bench_fp4(args, rows):
     print(
         f"\n{'nvfp4 m x n x k':>28} {'quant ms':>9} {'mm_fp4 ms':>9} {'TF/s':>9} {'bf16 mm ms':>10}"
     )
-    for m, n, k in FP4_SHAPES:
+    for m, n, k in shapes(args, FP4_SHAPES):
         row = fp4_row(args, m, n, k)
         rows.append(row)
         print(
@@ -166,6 +187,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--short", action="store_true", help="two shapes per table (gpu_check)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print(

@@ -1,0 +1,525 @@
+"""The Python steps of tools/gpu_check.sh: CUDA-graph and ring checks, short benchmarks,
+and the summary.
+
+Each subcommand is one step of the check. It prints what it did, writes its figures (or
+its findings) as JSON to the path given by ``--json``, and exits 0 when its check passed,
+1 when it failed. ``summary`` reads the step table and the figures and prints the final
+table. The steps that need a CUDA device are never started without one (the shell
+script skips them); run by hand, they exit 1 with a message instead.
+
+    python3 tools/gpu_check.py graph --json OUT.json
+    python3 tools/gpu_check.py summary --steps STEPS.tsv --figures DIR --json SUMMARY.json
+"""
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+# Each figure's target: (key in the step's JSON, comparison, target value, what it means).
+# A figure without a target is reported as information.
+TARGETS = {
+    "attention": [
+        ("bandwidth_vs_copy", ">=", 0.6, "decode attention bytes/s over a D2D copy's"),
+        ("level1_share", "<=", 0.02, "level-1 cost as a share of the decode step"),
+        ("level3_share", "<=", 0.05, "level-3 cost as a share of the decode step"),
+        ("level5_ratio", "<=", 1.5, "level-5 step over the level-0 step"),
+    ],
+    "gemm": [
+        ("bmm_fp8_vs_scaled_mm", ">=", 0.9, "bmm_fp8 cublas speed over torch._scaled_mm (worst)"),
+        ("mm_fp8_vs_scaled_mm", ">=", 0.9, "mm_fp8 speed over torch._scaled_mm (worst)"),
+    ],
+    "stats": [
+        ("read_vs_copy", ">=", 0.5, "statistics kernel bytes/s over a D2D copy's (read+write)"),
+    ],
+    "level10": [
+        ("ratio_vs_d2h_write", "<=", 1.5, "level-10 call over D2H copy plus file write"),
+    ],
+    "serving": [
+        ("level5_ratio", "<=", 1.5, "level-5 step over level 0"),
+        ("compact_level10_ratio", "<=", 2.0, "compact level-10 step over level 0"),
+        ("ring_ratio", "<=", 2.0, "in-memory ring step over level 0"),
+    ],
+}
+
+
+def fail(message):
+    print(f"FAILED: {message}")
+    return 1
+
+
+def need_cuda():
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: this step needs one", file=sys.stderr)
+        sys.exit(1)
+    return torch
+
+
+def write_json(path, data):
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+
+
+def child_env(**env):
+    """The environment of a child process: no FLASHINFER_* of ours, the repo importable."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    out["PYTHONPATH"] = REPO + os.pathsep + out.get("PYTHONPATH", "")
+    out.update({k: str(v) for k, v in env.items()})
+    return out
+
+
+def run_child(code, timeout=120, **env):
+    """Run ``code`` in a fresh interpreter (api_logging reads its variables at import)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=child_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --- CUDA graphs: level 5 and level 10 inside torch.cuda.graph, three replays ---------
+
+GRAPH_CHILD = r"""
+import os, torch
+import flashinfer
+q = torch.randn(32, 128, device="cuda", dtype=torch.float16)
+k = torch.randn(512, 8, 128, device="cuda", dtype=torch.float16)
+v = torch.randn(512, 8, 128, device="cuda", dtype=torch.float16)
+flashinfer.single_decode_with_kv_cache(q, k, v)  # warm-up, outside the graph
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    out = flashinfer.single_decode_with_kv_cache(q, k, v)
+expected = []
+for i in range(3):
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    expected.append((q.cpu().clone(), out.cpu().clone()))
+torch.save(expected, os.environ["EXPECTED"])
+print("graph replays done")
+"""
+
+
+def step_graph(args):
+    torch = need_cuda()
+    findings, ok = {}, True
+    with tempfile.TemporaryDirectory() as tmp:
+        # level 5: the statistics of a captured call are printed by the device at replay
+        log5 = os.path.join(tmp, "log5.txt")
+        r = run_child(
+            GRAPH_CHILD,
+            FLASHINFER_LOGLEVEL=5,
+            FLASHINFER_LOGDEST=log5,
+            EXPECTED=os.path.join(tmp, "e5.pt"),
+        )
+        text = open(log5).read() if os.path.exists(log5) else ""
+        deferred = text.count("[stats deferred to GPU kernel: id=")
+        printed = r.stdout.count("[flashinfer stats] id=")
+        findings["level5"] = {
+            "exit": r.returncode,
+            "deferred_markers": deferred,
+            "device_printf_lines": printed,
+        }
+        print(f"level 5: exit {r.returncode}, {deferred} deferred markers, {printed} printf lines")
+        if r.returncode != 0 or deferred == 0 or printed < 3 * deferred:
+            ok = False
+            print(r.stdout[-2000:], r.stderr[-3000:])
+        # level 10: each replay leaves graph_flushes/flush_000N of the captured call
+        dumps = os.path.join(tmp, "d10")
+        r = run_child(
+            GRAPH_CHILD,
+            FLASHINFER_LOGLEVEL=10,
+            FLASHINFER_LOGDEST=os.path.join(tmp, "log10.txt"),
+            FLASHINFER_DUMP_DIR=dumps,
+            EXPECTED=os.path.join(tmp, "e10.pt"),
+        )
+        findings["level10"] = {"exit": r.returncode}
+        if r.returncode != 0:
+            print(r.stdout[-2000:], r.stderr[-3000:])
+            return finish(args, findings, False)
+        calls = sorted(glob.glob(os.path.join(dumps, "*single_decode*")))
+        captured = calls[-1] if calls else None
+        flushes = sorted(glob.glob(os.path.join(captured or tmp, "graph_flushes", "flush_*")))
+        findings["level10"]["calls"] = len(calls)
+        findings["level10"]["flushes"] = [os.path.basename(f) for f in flushes]
+        expected = torch.load(os.path.join(tmp, "e10.pt"), weights_only=True)
+        matched = 0
+        for i, flush in enumerate(flushes[:3]):
+            ins = torch.load(os.path.join(flush, "inputs.pt"), weights_only=True)
+            outs = torch.load(os.path.join(flush, "outputs.pt"), weights_only=True)
+            q_ok = torch.equal(ins["arg_0"], expected[i][0])
+            o_ok = torch.equal(outs["result"], expected[i][1])
+            matched += q_ok and o_ok
+            print(f"{os.path.basename(flush)}: inputs {q_ok}, outputs {o_ok}")
+        findings["level10"]["flushes_matching_replays"] = matched
+        lines = [json.loads(x) for x in open(os.path.join(captured, "metadata.jsonl"))]
+        findings["level10"]["metadata_statuses"] = [x.get("execution_status") for x in lines]
+        print("level 10:", findings["level10"])
+        ok = ok and len(flushes) == 3 and matched == 3
+        # the flushed snapshot replays like any dump
+        r = subprocess.run(
+            [sys.executable, "-m", "flashinfer", "replay", "--dir", dumps],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        findings["level10"]["replay_exit"] = r.returncode
+        findings["level10"]["replay_summary"] = (r.stdout.strip().splitlines() or [""])[-1]
+        print("replay:", findings["level10"]["replay_summary"])
+        ok = ok and r.returncode == 0
+    return finish(args, findings, ok)
+
+
+def finish(args, data, ok):
+    data["passed"] = bool(ok)
+    write_json(args.json, data)
+    return 0 if ok else 1
+
+
+# --- the in-memory ring with a NaN trigger on CUDA tensors ----------------------------
+
+RING_CHILD = r"""
+import torch
+from flashinfer.api_logging import flashinfer_api
+
+@flashinfer_api
+def scale(x, factor):
+    return x * factor
+
+x = torch.ones(1 << 16, device="cuda")
+for i in range(12):
+    scale(x, float(i + 1))
+scale(x, float("nan"))  # the trigger: a NaN in the output
+for i in range(3):
+    scale(x, 2.0)
+torch.cuda.synchronize()
+print("ring calls done")
+"""
+
+
+def step_ring(args):
+    torch = need_cuda()
+    findings = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dumps = os.path.join(tmp, "ring")
+        r = run_child(
+            RING_CHILD,
+            FLASHINFER_LOGLEVEL=10,
+            FLASHINFER_LOGDEST=os.path.join(tmp, "log.txt"),
+            FLASHINFER_DUMP_DIR=dumps,
+            FLASHINFER_DUMP_RING=8,
+            FLASHINFER_DUMP_ON="nan",
+        )
+        findings["exit"] = r.returncode
+        if r.returncode != 0:
+            print(r.stdout[-2000:], r.stderr[-3000:])
+            return finish(args, findings, False)
+        calls = sorted(d for d in glob.glob(os.path.join(dumps, "*")) if os.path.isdir(d))
+        session = [json.loads(x) for x in open(os.path.join(dumps, "session.jsonl"))]
+        triggers = [x for x in session if x.get("record_type") == "trigger"]
+        findings["calls_written"] = len(calls)
+        findings["triggers"] = [x.get("trigger") for x in triggers]
+        factors = []
+        for d in calls:
+            ins = torch.load(os.path.join(d, "inputs.pt"), weights_only=True)
+            outs_path = os.path.join(d, "outputs.pt")
+            out = (
+                torch.load(outs_path, weights_only=True)["result"]
+                if os.path.exists(outs_path)
+                else None
+            )
+            meta = [json.loads(x) for x in open(os.path.join(d, "metadata.jsonl"))]
+            factor = meta[0]["input_metadata"]["arg_1"]
+            factor = factor.get("value", factor) if isinstance(factor, dict) else factor
+            factors.append(factor)
+            assert ins["arg_0"].device.type == "cpu"
+            if out is not None and not torch.isnan(out).all():
+                assert torch.equal(out, torch.full_like(out, float(factor))), d
+        findings["factors"] = [str(f) for f in factors]
+        print(
+            f"ring: {len(calls)} calls written, triggers {findings['triggers']}, factors {factors}"
+        )
+        last_is_nan = bool(factors) and str(factors[-1]).lower() == "nan"
+        ok = len(calls) == 8 and findings["triggers"] == ["nan"] and last_is_nan
+        r = subprocess.run(
+            [sys.executable, "-m", "flashinfer", "replay", "--dir", dumps],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        findings["replay_exit"] = r.returncode
+        findings["replay_summary"] = (r.stdout.strip().splitlines() or [""])[-1]
+        print("replay:", findings["replay_summary"])
+        ok = ok and r.returncode == 0
+    return finish(args, findings, ok)
+
+
+# --- benchmarks ------------------------------------------------------------------------
+
+
+def cuda_time(torch, fn, iters, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def copy_rate(torch, nbytes=1 << 30):
+    """Bytes read plus written per second by a device-to-device copy of nbytes."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * nbytes / cuda_time(torch, lambda: b.copy_(a), 10)
+
+
+def step_bench_stats(args):
+    torch = need_cuda()
+    from flashinfer_native import _C
+
+    copy = copy_rate(torch)
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = torch.randn(1 << 28, device="cuda").to(dtype)  # 0.5-1 GB
+        t = cuda_time(torch, lambda x=x: _C.tensor_stats(x), 5, warmup=1)
+        rate = x.numel() * x.element_size() / t
+        rows.append(
+            {"dtype": str(dtype), "bytes": x.numel() * x.element_size(), "s": t, "GB_s": rate / 1e9}
+        )
+        print(f"stats {dtype}: {rate / 1e9:.0f} GB/s ({t * 1e3:.2f} ms)")
+        del x
+    worst = min(r["GB_s"] for r in rows) * 1e9
+    data = {"copy_GB_s": copy / 1e9, "rows": rows, "read_vs_copy": worst / copy}
+    print(f"D2D copy {copy / 1e9:.0f} GB/s (read+write); worst stats/copy {worst / copy:.2f}")
+    write_json(args.json, data)
+    return 0
+
+
+LEVEL10_CHILD = r"""
+import os, sys, time, torch
+from flashinfer.api_logging import flashinfer_api
+@flashinfer_api
+def add(a, b):
+    return torch.add(a, b)
+n = 16 << 20  # 64 MB of float32 each
+a = torch.randn(n, device="cuda"); b = torch.randn(n, device="cuda")
+add(a, b); torch.cuda.synchronize()
+times = []
+for _ in range(5):
+    torch.cuda.synchronize(); t = time.perf_counter(); add(a, b); torch.cuda.synchronize()
+    times.append(time.perf_counter() - t)
+print(min(times))
+"""
+
+
+def step_bench_level10(args):
+    torch = need_cuda()
+    with tempfile.TemporaryDirectory() as tmp:
+        level = {}
+        for lv in (0, 10):
+            r = run_child(
+                LEVEL10_CHILD,
+                timeout=300,
+                FLASHINFER_LOGLEVEL=lv,
+                FLASHINFER_LOGDEST=os.devnull,
+                FLASHINFER_DUMP_DIR=os.path.join(tmp, f"d{lv}"),
+            )
+            if r.returncode != 0:
+                print(r.stderr[-3000:])
+                return finish(args, {"error": f"level {lv} child failed"}, False)
+            level[lv] = float(r.stdout.strip().splitlines()[-1])
+        # the same bytes by hand: a, b and the result copied to the host and written out
+        n = 16 << 20
+        tensors = [torch.randn(n, device="cuda") for _ in range(3)]
+        best = None
+        for i in range(5):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for j, x in enumerate(tensors):
+                host = x.cpu()
+                with open(os.path.join(tmp, f"raw_{i}_{j}.bin"), "wb") as f:
+                    f.write(host.numpy().tobytes())
+            elapsed = time.perf_counter() - t
+            best = elapsed if best is None else min(best, elapsed)
+        cost = level[10] - level[0]
+        data = {
+            "level0_s": level[0],
+            "level10_s": level[10],
+            "d2h_write_s": best,
+            "ratio_vs_d2h_write": cost / best,
+        }
+        print(
+            f"level 10, 2 x 64 MB CUDA in + 64 MB out: {level[10] * 1e3:.1f} ms "
+            f"(level 0 {level[0] * 1e3:.2f} ms); D2H + write {best * 1e3:.1f} ms; "
+            f"ratio {cost / best:.2f}"
+        )
+    write_json(args.json, data)
+    return 0
+
+
+def step_bench_attention(args):
+    need_cuda()
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "bench_gpu_attention.py"),
+            "--json",
+            args.json,
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    print(r.stdout, r.stderr[-3000:])
+    return r.returncode
+
+
+def step_bench_gemm(args):
+    torch = need_cuda()
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "benchmarks", "bench_gpu_gemm.py"),
+            "--short",
+            "--warmup",
+            "3",
+            "--iters",
+            "10",
+            "--json",
+            args.json + ".rows",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    print(r.stdout, r.stderr[-3000:])
+    if r.returncode != 0:
+        return r.returncode
+    rows = json.load(open(args.json + ".rows"))["rows"]
+    os.unlink(args.json + ".rows")
+
+    def worst(op, key):
+        vals = [row[key] for row in rows if row.get("op") == op and row.get(key)]
+        return min(vals) if vals else None
+
+    data = {
+        "device": torch.cuda.get_device_name(),
+        "rows": rows,
+        "bmm_fp8_vs_scaled_mm": worst("bmm_fp8", "cublas_speed_vs_torch"),
+        "mm_fp8_vs_scaled_mm": worst("mm_fp8", "speed_vs_torch"),
+    }
+    write_json(args.json, data)
+    return 0
+
+
+# --- the summary -------------------------------------------------------------------------
+
+
+def compare(value, op, target):
+    if value is None:
+        return "no figure"
+    return "met" if (value >= target if op == ">=" else value <= target) else "NOT MET"
+
+
+def step_summary(args):
+    steps = []
+    with open(args.steps) as f:
+        for line in f:
+            name, status, seconds, note = (line.rstrip("\n").split("\t") + [""] * 4)[:4]
+            steps.append(
+                {"step": name, "status": status, "seconds": float(seconds or 0), "note": note}
+            )
+    figures = {}
+    for path in sorted(glob.glob(os.path.join(args.figures, "*.json"))):
+        name = os.path.basename(path)[:-5]
+        try:
+            figures[name] = json.load(open(path))
+        except (OSError, ValueError) as e:
+            figures[name] = {"error": f"unreadable: {e}"}
+    targets = []
+    for name, rules in TARGETS.items():
+        for key, op, target, meaning in rules:
+            value = figures.get(name, {}).get(key)
+            targets.append(
+                {
+                    "step": name,
+                    "figure": key,
+                    "value": value,
+                    "target": f"{op} {target}",
+                    "verdict": compare(value, op, target),
+                    "meaning": meaning,
+                }
+            )
+    summary = {
+        "machine": args.machine,
+        "steps": steps,
+        "figures": figures,
+        "targets": targets,
+        "failed": [s["step"] for s in steps if s["status"] not in ("passed", "skipped")],
+        "skipped": [s["step"] for s in steps if s["status"] == "skipped"],
+    }
+    write_json(args.json, summary)
+    print("")
+    print(f"== gpu_check on {args.machine}")
+    for s in steps:
+        print(f"{s['step']:<22} {s['status']:<8} {s['seconds']:7.1f} s  {s['note']}")
+    shown = [t for t in targets if t["verdict"] != "no figure" or t["step"] in figures]
+    if shown:
+        print(f"{'figure':<34} {'value':>10}  target    verdict")
+        for t in shown:
+            v = t["value"]
+            text = f"{v:10.3f}" if isinstance(v, (int, float)) else f"{'-':>10}"
+            print(f"{t['step'] + '.' + t['figure']:<34} {text}  {t['target']:<9} {t['verdict']}")
+    print(
+        f"steps: {sum(s['status'] == 'passed' for s in steps)} passed, "
+        f"{len(summary['failed'])} failed, {len(summary['skipped'])} skipped"
+    )
+    return 1 if summary["failed"] else 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="step", required=True)
+    for name in ("graph", "ring", "bench-stats", "bench-level10", "bench-attention", "bench-gemm"):
+        s = sub.add_parser(name)
+        s.add_argument("--json", help="write the step's findings or figures here")
+    s = sub.add_parser("summary")
+    s.add_argument("--steps", required=True, help="the step table (name, status, seconds, note)")
+    s.add_argument("--figures", required=True, help="the folder of the steps' JSON files")
+    s.add_argument("--machine", default="", help="the machine, in words")
+    s.add_argument("--json", help="write the summary here")
+    args = p.parse_args(argv)
+    return {
+        "graph": step_graph,
+        "ring": step_ring,
+        "bench-stats": step_bench_stats,
+        "bench-level10": step_bench_level10,
+        "bench-attention": step_bench_attention,
+        "bench-gemm": step_bench_gemm,
+        "summary": step_summary,
+    }[args.step](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
