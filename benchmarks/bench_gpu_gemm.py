@@ -4,7 +4,10 @@ the same shapes, mm_fp8, mm_fp4 and fp4 quantization. Not a test: prints a table
 
 Times are medians of CUDA-event timings over --iters calls after --warmup calls, each
 call through the public API (logging level 0). Target: bmm_fp8 "cublas" >= 0.9x the
-speed of torch._scaled_mm (batched shapes: one _scaled_mm per batch entry).
+speed of torch._scaled_mm (batched shapes: one _scaled_mm per batch entry), and so
+mm_fp8 with backend "cublas". mm_fp8's "trtllm_low_latency" weight layout runs the
+package's own WMMA kernel (fp8 tiles widened to fp16): its figure is reported, not held
+to that target.
 """
 
 import argparse
@@ -113,6 +116,10 @@ def mm_fp8_row(args, m, n, k):
     alpha = torch.tensor(1.0, device="cuda")
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     ms = time_ms(lambda: mm_fp8(a, wp, alpha, torch.bfloat16, out), args.warmup, args.iters)
+    # the unprocessed [n, k] weight through backend "cublas" (cuBLASLt)
+    ms_lt = time_ms(
+        lambda: mm_fp8(a, w, alpha, torch.bfloat16, out, backend="cublas"), args.warmup, args.iters
+    )
     one = torch.tensor(1.0, device="cuda")
     t_torch = time_ms(
         lambda: torch._scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16, out=out),
@@ -124,19 +131,25 @@ def mm_fp8_row(args, m, n, k):
         "shape": [m, n, k],
         "ms": ms,
         "tflops": tflops(2.0 * m * n * k, ms),
+        "cublas_ms": ms_lt,
         "torch_scaled_mm_ms": t_torch,
         "speed_vs_torch": t_torch / ms,
+        "cublas_speed_vs_torch": t_torch / ms_lt,
     }
 
 
 def bench_mm_fp8(args, rows):
-    print(f"\n{'mm_fp8 m x n x k':>28} {'ms':>9} {'TF/s':>9} {'torch ms':>9} {'ours/torch':>10}")
+    print(
+        f"\n{'mm_fp8 m x n x k':>28} {'low-lat ms':>10} {'TF/s':>9} {'cublas ms':>9} "
+        f"{'torch ms':>9} {'low-lat/torch':>13} {'cublas/torch':>12}"
+    )
     for m, n, k in shapes(args, FP4_SHAPES):
         row = mm_fp8_row(args, m, n, k)
         rows.append(row)
         print(
-            f"{f'{m} x {n} x {k}':>28} {row['ms']:9.4f} {row['tflops']:9.1f} "
-            f"{row['torch_scaled_mm_ms']:9.4f} {row['speed_vs_torch']:9.2f}x"
+            f"{f'{m} x {n} x {k}':>28} {row['ms']:10.4f} {row['tflops']:9.1f} "
+            f"{row['cublas_ms']:9.4f} {row['torch_scaled_mm_ms']:9.4f} "
+            f"{row['speed_vs_torch']:12.2f}x {row['cublas_speed_vs_torch']:11.2f}x"
         )
 
 

@@ -14,6 +14,7 @@
 #define NWARPS 4           /* query vectors per block, one per warp */
 #define KT 32              /* keys per shared-memory tile: one per lane when scoring */
 #define MIN_SPLIT_KEYS 256 /* a split gets at least this many keys */
+#define BLOCKS_PER_SM 8    /* auto split: blocks wanted per multiprocessor (latency hiding) */
 #define MAX_SPLITS 128
 #define MAX_FIXED_SPLITS 65535 /* gridDim.y */
 #define LOG2E 1.4426950408889634f
@@ -25,8 +26,9 @@ struct split_plan {
     int64_t tiles; /* vector tiles of NWARPS (query row x group head) per request */
     int64_t chunk; /* keys per split, a multiple of KT */
     int splits;
-    float *part_o;   /* splits > 1: [splits][total_qo_rows][num_qo_heads][head_dim] */
-    float *part_lse; /* [splits][total_qo_rows][num_qo_heads] */
+    bool vec_k, vec_v; /* K / V rows load as 16-byte vectors (f16/bf16, aligned, K unroped) */
+    float *part_o;     /* splits > 1: [splits][total_qo_rows][num_qo_heads][head_dim] */
+    float *part_lse;   /* [splits][total_qo_rows][num_qo_heads] */
 };
 
 /* fi_dtype_size for device code (the header's is host-only). */
@@ -73,6 +75,40 @@ __device__ __forceinline__ float load_kv(const char *row, const uint8_t *sf, int
     uint8_t byte = ((const uint8_t *)row)[i / 2];
     float scale = load_value(sf, i / 16, FI_DTYPE_E4M3FN);
     return e2m1_value(i & 1 ? byte >> 4 : byte & 15) * scale;
+}
+
+/* Eight f16 or bf16 values of one 16-byte load, widened into dst[0..7]. */
+__device__ __forceinline__ void widen8(const uint4 &w, fi_dtype dtype, float *dst)
+{
+    const unsigned short *h = (const unsigned short *)&w;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        dst[k] = dtype == FI_DTYPE_F16 ? __half2float(__ushort_as_half(h[k]))
+                                       : __bfloat162float(__ushort_as_bfloat16(h[k]));
+}
+
+/* Rows j < nb of a K or V tile into tile[j][0..D): with vec, one 16-byte load per eight
+ * elements (the offsets are then multiples of 8 elements from a 16-byte aligned base),
+ * else element by element. The loads of a row are spread over the whole block. */
+template <int D>
+__device__ __forceinline__ void load_rows(float (*tile)[D + 1], const void *base, const uint8_t *sf,
+                                          const int64_t *off, const int64_t *sfoff, int nb,
+                                          fi_dtype dtype, bool vec)
+{
+    if (vec) {
+        constexpr int VPR = D / 8; /* vectors per row */
+        for (int e = threadIdx.x; e < nb * VPR; e += blockDim.x) {
+            int j = e / VPR, c = e % VPR;
+            uint4 w = __ldg((const uint4 *)((const char *)base + off[j] * 2) + c);
+            widen8(w, dtype, &tile[j][c * 8]);
+        }
+        return;
+    }
+    const int64_t size = elem_size(dtype);
+    for (int e = threadIdx.x; e < nb * D; e += blockDim.x) {
+        int j = e / D, i = e % D;
+        tile[j][i] = load_kv((const char *)base + off[j] * size, sf + sfoff[j], i, dtype);
+    }
 }
 
 /* The sink joins the softmax state (running max m, sum l; natural units) as one more logit;
@@ -253,15 +289,19 @@ __global__ void __launch_bounds__(NWARPS * 32)
                 page * p.v_sf_stride_page + vslot * p.v_sf_stride_n + kvh * p.v_sf_stride_h;
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < nb * half; e += blockDim.x) {
-            int j = e / half, i = e % half;
-            const char *ka = (const char *)p.k + koff[j] * kv_size;
-            const uint8_t *ks = p.k_sf + ksf[j];
-            float x0 = load_kv(ka, ks, i, p.kv_dtype), x1 = load_kv(ka, ks, i + half, p.kv_dtype);
-            if (rope)
+        if (rope) {
+            for (int e = threadIdx.x; e < nb * half; e += blockDim.x) {
+                int j = e / half, i = e % half;
+                const char *ka = (const char *)p.k + koff[j] * kv_size;
+                const uint8_t *ks = p.k_sf + ksf[j];
+                float x0 = load_kv(ka, ks, i, p.kv_dtype);
+                float x1 = load_kv(ka, ks, i + half, p.kv_dtype);
                 rope_pair(&x0, &x1, freq[i], j0 + j);
-            tile[j][i] = x0;
-            tile[j][i + half] = x1;
+                tile[j][i] = x0;
+                tile[j][i + half] = x1;
+            }
+        } else {
+            load_rows<D>(tile, p.k, p.k_sf, koff, ksf, nb, p.kv_dtype, sp.vec_k);
         }
         __syncthreads();
 
@@ -292,11 +332,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
             m = m_new;
         }
         __syncthreads(); /* every warp is done with K before V overwrites it */
-        for (int e = threadIdx.x; e < nb * D; e += blockDim.x) {
-            int j = e / D, i = e % D;
-            const char *va = (const char *)p.v + voff[j] * kv_size;
-            tile[j][i] = load_kv(va, p.v_sf + vsf[j], i, p.kv_dtype);
-        }
+        load_rows<D>(tile, p.v, p.v_sf, voff, vsf, nb, p.kv_dtype, sp.vec_v);
         __syncthreads();
         if (tile_max != -INFINITY) {
 #pragma unroll
@@ -382,9 +418,11 @@ __global__ void __launch_bounds__(NWARPS * 32)
 }
 
 /* Keys per split of a batch of `blocks` blocks and longest KV kv: p->kv_chunk when the
- * caller fixed it (-1: one split), else few blocks and long KV (decode with a small batch)
- * are split so that about two blocks per multiprocessor exist, each split keeping
- * MIN_SPLIT_KEYS keys. A multiple of KT; at most MAX_FIXED_SPLITS splits. */
+ * caller fixed it (-1: one split), else fewer blocks than BLOCKS_PER_SM per multiprocessor
+ * with long KV (decode) are split until about that many exist, each split keeping
+ * MIN_SPLIT_KEYS keys: a block streams its keys one tile at a time, so a multiprocessor
+ * needs several blocks in flight to keep memory busy. A multiple of KT; at most
+ * MAX_FIXED_SPLITS splits. */
 static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int sms, int64_t kv)
 {
     int64_t chunk;
@@ -396,8 +434,9 @@ static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int sms
             chunk = (kv + MAX_FIXED_SPLITS - 1) / MAX_FIXED_SPLITS;
     } else {
         int64_t splits = 1;
-        if (blocks < 2 * (int64_t)sms && p->max_kv_len > MIN_SPLIT_KEYS) {
-            splits = (2 * (int64_t)sms + blocks - 1) / blocks;
+        int64_t want = BLOCKS_PER_SM * (int64_t)sms;
+        if (blocks < want && p->max_kv_len > MIN_SPLIT_KEYS) {
+            splits = (want + blocks - 1) / blocks;
             int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
             if (splits > by_len)
                 splits = by_len;
@@ -429,6 +468,16 @@ static cudaError_t launch_main(const fi_attention_params *p, const split_plan &s
     return cudaGetLastError();
 }
 
+/* f16/bf16 rows whose every start is 16-byte aligned: the base is, and each stride is a
+ * multiple of 8 elements. */
+static bool rows_load_as_vectors(const fi_attention_params *p, const void *base, int64_t s_page,
+                                 int64_t s_n, int64_t s_h)
+{
+    if (p->kv_dtype != FI_DTYPE_F16 && p->kv_dtype != FI_DTYPE_BF16)
+        return false;
+    return ((uintptr_t)base & 15) == 0 && s_page % 8 == 0 && s_n % 8 == 0 && s_h % 8 == 0;
+}
+
 extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
 {
     if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
@@ -455,6 +504,9 @@ extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
     sp.splits = (int)((kv + sp.chunk - 1) / sp.chunk);
     if (sp.splits < 1)
         sp.splits = 1;
+    sp.vec_k = rows_load_as_vectors(p, p->k, p->k_stride_page, p->k_stride_n, p->k_stride_h) &&
+               p->pos_encoding != FI_POS_ENCODING_ROPE_LLAMA;
+    sp.vec_v = rows_load_as_vectors(p, p->v, p->v_stride_page, p->v_stride_n, p->v_stride_h);
 
     if (sp.splits == 1) {
         err = launch_main(p, sp, (unsigned)blocks, st);

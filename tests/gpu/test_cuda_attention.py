@@ -271,7 +271,10 @@ def test_capture_without_host_index_copies_is_refused_with_a_message():
     g = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="capturing a CUDA graph and qo_indptr has no host"):
         with torch.cuda.graph(g):
-            _kernels.attention(q, k, k, out, None, indptr_q, indptr_kv)
+            # torch captures on a stream of its own: the kernel is asked on that one (the
+            # legacy default stream may not even be queried during a global capture)
+            stream = torch.cuda.current_stream().cuda_stream
+            _kernels.attention(q, k, k, out, None, indptr_q, indptr_kv, stream=stream)
 
 
 @pytest.mark.parametrize("fixed_split_size", [None, 1, -1])

@@ -87,9 +87,15 @@ def test_stats_kernel_large_tensor_uses_many_blocks():
 
 
 def test_format_lines_for_cuda_tensor():
+    # as on the CPU (and in FlashInfer): with a NaN present, min/max/mean print nan
     t = torch.tensor([1.0, 2.0, float("nan"), float("inf")], device="cuda")
     assert _C.format_tensor_stats(t, 0) == (
-        "min=1.000000\nmax=inf\nmean=inf\nnan_count=1\ninf_count=1\n"
+        "min=nan\nmax=nan\nmean=nan\nnan_count=1\ninf_count=1\n"
+    )
+    assert _C.format_tensor_stats(t, 0) == _C.format_tensor_stats(t.cpu(), 0)
+    finite = torch.tensor([1.0, 2.0, -3.5, float("inf")], device="cuda")
+    assert _C.format_tensor_stats(finite, 0) == (
+        "min=-3.500000\nmax=inf\nmean=inf\nnan_count=0\ninf_count=1\n"
     )
 
 
@@ -139,11 +145,15 @@ def test_level_5_during_graph_capture_defers_to_device_printf(logmod, tmp_path, 
         g.replay()
     torch.cuda.synchronize()
     out = capfd.readouterr().out
-    line = (
-        f"[flashinfer stats] id={found[-1]} numel=4 min=-2.000000 max=4.000000 "
-        "mean=1.000000 nan=1 inf=0"
+    # the captured call's input (x) and output (x * 2), each printed at both replays
+    x_id, y_id = found
+    x_line = (
+        f"[flashinfer stats] id={x_id} numel=4 min=-2.000000 max=4.000000 mean=1.000000 nan=1 inf=0"
     )
-    assert out.count(line) == 2, out
+    y_line = (
+        f"[flashinfer stats] id={y_id} numel=4 min=-4.000000 max=8.000000 mean=2.000000 nan=1 inf=0"
+    )
+    assert out.count(x_line) == 2 and out.count(y_line) == 2, out
 
 
 def test_graph_capture_of_int_tensor_keeps_skip_line(logmod, tmp_path):
@@ -175,6 +185,7 @@ VIEWS = {
     "column": lambda t: t[:, 7],
     "expanded": lambda t: t.unsqueeze(1).expand(64, 4, 48),
     "reversed": lambda t: t.flip(0),
+    "unaligned": lambda t: t.reshape(-1)[3:-5],  # dense, not on a 16-byte boundary, a tail
 }
 
 

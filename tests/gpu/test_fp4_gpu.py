@@ -152,11 +152,12 @@ def test_mm_fp4_nvfp4_matches_cpu_kernel_and_reference(layout, out_dtype):
     w_gsf = torch.tensor(448.0 * 6 / w.abs().max().item())
     alpha = 1.0 / (a_gsf * w_gsf)
     eight = layout == SfLayout.layout_8x4
+    w_layout = SfLayout.layout_128x4 if eight else layout  # 8x4 is a's layout only
     a_q, a_sf = nvfp4_quantize(a, a_gsf, sfLayout=layout)
-    w_q, w_sf = nvfp4_quantize(w, w_gsf, sfLayout=layout)
+    w_q, w_sf = nvfp4_quantize(w, w_gsf, sfLayout=w_layout)
     cpu = mm_fp4(a_q, w_q.T, a_sf, w_sf.T, alpha, out_dtype, use_8x4_sf_layout=eight)
     ga_q, ga_sf = nvfp4_quantize(a.cuda(), a_gsf.cuda(), sfLayout=layout)
-    gw_q, gw_sf = nvfp4_quantize(w.cuda(), w_gsf.cuda(), sfLayout=layout)
+    gw_q, gw_sf = nvfp4_quantize(w.cuda(), w_gsf.cuda(), sfLayout=w_layout)
     gpu = mm_fp4(ga_q, gw_q.T, ga_sf, gw_sf.T, alpha.cuda(), out_dtype, use_8x4_sf_layout=eight)
     assert gpu.is_cuda and gpu.shape == (130, 200) and gpu.dtype == out_dtype
     _, a_lin = nvfp4_quantize(a, a_gsf, sfLayout=SfLayout.layout_linear)
