@@ -14,7 +14,6 @@
 #define NWARPS 4           /* query vectors per block, one per warp */
 #define KT 32              /* keys per shared-memory tile: one per lane when scoring */
 #define MIN_SPLIT_KEYS 256 /* a split gets at least this many keys */
-#define BLOCKS_PER_SM 8    /* auto split: blocks wanted per multiprocessor (latency hiding) */
 #define MAX_SPLITS 128
 #define MAX_FIXED_SPLITS 65535 /* gridDim.y */
 #define LOG2E 1.4426950408889634f
@@ -417,13 +416,35 @@ __global__ void __launch_bounds__(NWARPS * 32)
             mx == -INFINITY ? -INFINITY : mx + log2f(wsum);
 }
 
+/* Splits for `blocks` blocks when `resident` blocks fit on the device at once: none when
+ * the batch fills it, else the count (at most smax) whose blocks fill whole waves best.
+ * A block streams its keys one tile at a time, so a multiprocessor needs many blocks in
+ * flight; and a last partial wave (1536 blocks where 1452 fit) runs at a fraction of the
+ * memory bandwidth. The smallest count filling 90 % of its waves wins. */
+static int64_t auto_splits(int64_t blocks, int64_t resident, int64_t smax)
+{
+    if (blocks >= resident || smax <= 1)
+        return 1;
+    int64_t best = 1;
+    double best_fill = 0.0;
+    for (int64_t s = 1; s <= smax; s++) {
+        int64_t total = blocks * s, waves = (total + resident - 1) / resident;
+        double fill = (double)total / (double)(waves * resident);
+        if (fill > best_fill + 1e-9) {
+            best = s;
+            best_fill = fill;
+        }
+        if (fill >= 0.9)
+            break;
+    }
+    return best;
+}
+
 /* Keys per split of a batch of `blocks` blocks and longest KV kv: p->kv_chunk when the
- * caller fixed it (-1: one split), else fewer blocks than BLOCKS_PER_SM per multiprocessor
- * with long KV (decode) are split until about that many exist, each split keeping
- * MIN_SPLIT_KEYS keys: a block streams its keys one tile at a time, so a multiprocessor
- * needs several blocks in flight to keep memory busy. A multiple of KT; at most
- * MAX_FIXED_SPLITS splits. */
-static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int sms, int64_t kv)
+ * caller fixed it (-1: one split), else auto_splits with each split keeping at least
+ * MIN_SPLIT_KEYS keys. A multiple of KT; at most MAX_FIXED_SPLITS splits. */
+static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int64_t resident,
+                           int64_t kv)
 {
     int64_t chunk;
     if (p->kv_chunk < 0) {
@@ -433,19 +454,30 @@ static int64_t split_chunk(const fi_attention_params *p, int64_t blocks, int sms
         if ((kv + chunk - 1) / chunk > MAX_FIXED_SPLITS)
             chunk = (kv + MAX_FIXED_SPLITS - 1) / MAX_FIXED_SPLITS;
     } else {
-        int64_t splits = 1;
-        int64_t want = BLOCKS_PER_SM * (int64_t)sms;
-        if (blocks < want && p->max_kv_len > MIN_SPLIT_KEYS) {
-            splits = (want + blocks - 1) / blocks;
-            int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
-            if (splits > by_len)
-                splits = by_len;
-            if (splits > MAX_SPLITS)
-                splits = MAX_SPLITS;
-        }
+        int64_t by_len = (p->max_kv_len + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
+        int64_t splits = auto_splits(blocks, resident, by_len < MAX_SPLITS ? by_len : MAX_SPLITS);
         chunk = (kv + splits - 1) / splits;
     }
     return (chunk + KT - 1) / KT * KT;
+}
+
+/* Blocks of attention_kernel<head_dim> resident at once on the device (>= 1). */
+static int64_t resident_blocks(int head_dim, int sms)
+{
+    int per_sm = 0;
+    cudaError_t err = cudaErrorInvalidValue;
+    if (head_dim == 64)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<64>,
+                                                            NWARPS * 32, 0);
+    else if (head_dim == 128)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<128>,
+                                                            NWARPS * 32, 0);
+    else if (head_dim == 256)
+        err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<256>,
+                                                            NWARPS * 32, 0);
+    if (err != cudaSuccess || per_sm < 1)
+        per_sm = 2;
+    return (int64_t)sms * per_sm;
 }
 
 static cudaError_t launch_main(const fi_attention_params *p, const split_plan &sp, unsigned blocks,
@@ -500,7 +532,7 @@ extern "C" int fi_attention_cuda(const fi_attention_params *p, void *stream)
     if (blocks > INT32_MAX)
         return fi_cuda_fail("attention (cuda): the batch needs more than 2^31 blocks", cudaSuccess);
     int64_t kv = p->max_kv_len > 0 ? p->max_kv_len : 1;
-    sp.chunk = split_chunk(p, blocks, sms, kv);
+    sp.chunk = split_chunk(p, blocks, resident_blocks((int)p->head_dim, sms), kv);
     sp.splits = (int)((kv + sp.chunk - 1) / sp.chunk);
     if (sp.splits < 1)
         sp.splits = 1;
