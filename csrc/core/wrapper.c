@@ -185,7 +185,8 @@ static void remember(fi_buf *b, size_t start, PyObject *value, PyObject **cache)
 }
 
 /* Calls put for every parameter that has a default and was given neither positionally
- * nor by keyword (SPEC 3.3), in signature order. Returns how many, or -1. */
+ * nor by keyword (docs/logging.md#what-the-text-log-looks-like), in signature order. Returns how
+ * many, or -1. */
 static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kwnames,
                         default_put_fn put)
 {
@@ -247,7 +248,7 @@ static int json_default(fi_buf *b, const char *name, param_info *p, int level, i
     return 0;
 }
 
-/* The level-3/5 block written before the call (SPEC 3.3). */
+/* The level-3/5 block written before the call (docs/logging.md#what-the-text-log-looks-like). */
 static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *const *args,
                          Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -322,7 +323,8 @@ static int json_inputs(fi_buf *b, fi_wrapper *w, const char *name, long long cal
     return fi_format_json_close(b);
 }
 
-/* The one-line record of level 1 (and of calls the filters keep out of levels 3/5). */
+/* The one-line record of level 1 (levels 3 and above write nothing for a call the filters
+ * keep out). */
 static void format_call_line(fi_buf *b, fi_logger *lg, const char *name, long long call_id)
 {
     if (lg->cfg.log_format == FI_LOG_JSON) {
