@@ -13,7 +13,7 @@ and the per-call cost of a level-10 call with 8 tensors of 4 KB, on the benchmar
 directory's filesystem and on /dev/shm (file creation dominates on a slow disk; the
 raw floor there, mkdir + create + write + rename, is printed too). Best of --repeats.
 
---plain64 measures only issue #13's target instead: a plain level-10 call (.pt) of
+--plain64 measures only the 1.2x target of docs/benchmarks.md#level-10-dumps instead: a plain level-10 call (.pt) of
 2 x 32 MB float32 inputs against the raw write(2) of the same bytes to two new files,
 timed alternately in one process, best of --repeats with the spread (max/min - 1); with
 --baseline DIR also the same figures for an older source tree built in place there

@@ -1,4 +1,4 @@
-"""FlashInfer's benchmark driver, for flashinfer-c (SPEC 6).
+"""FlashInfer's benchmark driver, for flashinfer-c (docs/kernels.md).
 
 Usage::
 
@@ -320,7 +320,7 @@ def unpack_e2m1(x_q):
 
 
 def scale_index(rows, blocks, layout):
-    """Byte offsets of (row, block) scales in ``layout`` (SPEC 6 swizzles)."""
+    """Byte offsets of (row, block) scales in ``layout`` (docs/kernels.md#fp4-quantization)."""
     r = torch.arange(rows).unsqueeze(1)
     c = torch.arange(blocks).unsqueeze(0)
     kp4 = (blocks + 3) // 4

@@ -6,7 +6,7 @@ configured from the ``FLASHINFER_*`` environment variables, the ``flashinfer_api
 decorator (which hands each function to the served package's trace attacher, when
 given), the replay entry points and the CUDA-graph dump functions (``graph_hooks``). It
 runs every time that module is executed, so a re-import (after removing it from
-``sys.modules``) starts a fresh logger, as SPEC 1 asks. The work per call is done by
+``sys.modules``) starts a fresh logger, as docs/logging.md#environment-variables says. The work per call is done by
 ``flashinfer_native._C``: this module only builds decorators and the header text.
 
 Levels: 0 off (the decorator returns the function itself), 1 API names, 3 inputs and
@@ -205,7 +205,7 @@ def _make_decorator(logger, attach_trace=None):
         # per call unless it returned a wrapper
         if attach_trace is not None:
             decorated = attach_trace(decorated, func, trace)
-        registry.register(func, decorated)  # replay calls only registered APIs (SPEC 5.1a)
+        registry.register(func, decorated)  # replay calls only registered APIs (docs/security.md)
         return decorated
 
     return flashinfer_api

@@ -2,7 +2,7 @@
 
 ``repro`` (the chain that built a wrapper), ``diff`` (matching two sessions) and
 ``report`` (the timeline) share it. Like ``dumpdir`` it only reads: nothing named by a
-dump is imported or called (SPEC 5.1a).
+dump is imported or called (docs/security.md).
 """
 
 import os

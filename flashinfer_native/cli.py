@@ -1,5 +1,5 @@
-"""Command line: ``replay``, ``dumps``, ``info`` (SPEC 5.3), ``run``; ``repro``, ``diff``,
-``report`` (triage).
+"""Command line: ``replay`` (docs/replay.md), ``dumps`` (docs/flight-recorder.md), ``info``,
+``run`` (docs/serving-flashinfer.md); ``repro``, ``diff``, ``report`` (docs/triage.md).
 
 ``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
 (``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
@@ -321,7 +321,8 @@ def dumps(dump_dir, as_json):
     """Summarise a recorded session: calls per API, completed, exception and crashed calls,
     and the flight recorder's triggers (the triggering call is marked).
 
-    Exit status 1 when the session cannot be read (a one-line error says why).
+    Exit status: 0 when the session was read, 1 when it cannot be read (a one-line error
+    says why), 2 for bad arguments or a missing directory.
     """
     try:
         s = dumpdir.summarize_session(dump_dir)
@@ -417,6 +418,9 @@ def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
     The script needs only torch and flashinfer; it rebuilds a wrapper's object
     (__init__, plan) before a method call, runs the call, compares with the recorded
     outputs (or exception) and exits 1 on a mismatch.
+
+    Exit status: 0 when the folder (or archive) was written, 1 when the call cannot be
+    exported (a one-line error says why), 2 for bad arguments or a missing directory.
     """
     from .repro import export_repro
 
@@ -526,9 +530,11 @@ def diff(a, b, rtol, atol, json_path, verbose):
     Calls are matched by their position in their process when both sessions carry
     `sequence`, else by (API name, occurrence in the process). For each pair: max abs
     and max rel difference of every input and output tensor, differing non-tensor
-    inputs and status. Prints the divergent calls and the first divergence. Exit
-    status: 0 when nothing diverged, 1 otherwise, 2 for bad arguments. Reads the dumps
-    only: nothing they name is imported or run.
+    inputs and status. Prints the divergent calls and the first divergence. Reads the
+    dumps only: nothing they name is imported or run.
+
+    Exit status: 0 when nothing diverged, 1 otherwise, 2 for bad arguments or a missing
+    directory.
     """
     from .diff import diff_sessions
 
@@ -605,6 +611,10 @@ def report(dump_dir, out, replay_json, max_calls):
     Timeline of the calls per API coloured by status, a table of every call, and per
     call its tensors with shape, dtype, level-5 statistics and a histogram (computed in
     C from the dump files). Reads the dumps only.
+
+    Exit status: 0 when the page was written, 1 when the session cannot be read or the
+    page cannot be written (a one-line error says why), 2 for bad arguments or a missing
+    directory.
     """
     from .report import write_report
 
@@ -631,7 +641,10 @@ def _flashinfer_package():
 
 @cli.command()
 def info():
-    """Show versions, whether CUDA kernels were built, and the GPUs visible."""
+    """Show versions, whether CUDA kernels were built, and the GPUs visible.
+
+    Exit status: 0.
+    """
     from . import _C
 
     package = _flashinfer_package()
@@ -674,7 +687,8 @@ def run(as_module, target, args):
     The same as FLASHINFER_NATIVE_LOGGING=1: every @flashinfer_api of the installed
     FlashInfer logs, records and replays through the core, at FLASHINFER_LOGLEVEL. The
     variable is set for the processes the script starts, too. ARGS go to the script.
-    Exit status: the script's own; 1 when the core's extension is not installed.
+    Exit status: the script's own; 1 when the core's extension is not installed; 2 when
+    TARGET is not a file.
     """
     os.environ["FLASHINFER_NATIVE_LOGGING"] = "1"
     if not hook.activate():

@@ -10,7 +10,7 @@ difference, elements outside ``rtol``/``atol``; side B is the reference, as in
 
 It streams: one pair's tensors (memory-mapped by the core's loader) are alive at a
 time, compared in one pass by the core's C code without temporary copies. It only reads the dumps: nothing named
-by them is imported or called (SPEC 5.1a).
+by them is imported or called (docs/security.md).
 """
 
 import json

@@ -1,7 +1,7 @@
 """Reading a level-10 dump tree: metadata records, tensor files, call order, session summary.
 
 Everything here only reads: it never imports a module or calls anything named by a
-dump (SPEC 5.1a). Replay (``replay.py``) and the command line (``cli.py``) share it.
+dump (docs/security.md). Replay (``replay.py``) and the command line (``cli.py``) share it.
 """
 
 import fnmatch

@@ -1,4 +1,4 @@
-"""The replay allow-list: what a dump may make replay call (SPEC 5.1a).
+"""The replay allow-list: what a dump may make replay call (docs/security.md).
 
 A dump is untrusted input. Its ``module``, ``function_name`` and enum ``class`` fields
 are names, and replay turns names into objects only through this module:

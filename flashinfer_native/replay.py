@@ -1,4 +1,4 @@
-"""Replay of level-10 flight-recorder dumps (SPEC 5.1, 5.2).
+"""Replay of level-10 flight-recorder dumps (docs/replay.md).
 
 Reads a dump directory through ``dumpdir`` (metadata.jsonl + inputs/outputs tensor
 files), rebuilds the call's arguments, optionally runs it again and compares the result
@@ -66,7 +66,7 @@ _DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)
 
 
 class _Decoder:
-    """Turns SPEC 4.3 JSON-encoded values back into objects, never importing or calling
+    """Turns JSON-encoded values (docs/dump-format.md#value-encoding) back into objects, never importing or calling
     anything a dump names: dtypes come from a fixed table, enums from
     :func:`registry.resolve_enum`, devices from ``torch.device(str)``."""
 
@@ -375,7 +375,7 @@ def replay_from_dump(
 ):
     """Load one level-10 dump and optionally run it again.
 
-    A dump is untrusted input (SPEC 5.1a): loading it never imports a module or calls
+    A dump is untrusted input (docs/security.md): loading it never imports a module or calls
     anything it names, and running it calls only registered ``@flashinfer_api``
     functions and classes of allowed modules (see ``flashinfer_native.registry``).
 

@@ -152,7 +152,7 @@ def parameter_of(key, params):
     Parameters
     ----------
     key : str
-        An input key of SPEC 4.3 (``arg_{i}``, ``kwarg_{name}``, nested ``{parent}__...``).
+        An input key (docs/dump-format.md#argument-keys: ``arg_{i}``, ``kwarg_{name}``, nested ``{parent}__...``).
     params : list of (str, str)
         :func:`parse_signature` of the recorded signature.
 
@@ -269,7 +269,7 @@ def _float_source(value):
 
 
 def _value_source(enc, tensors, var, script, where):
-    """Python source for one SPEC 4.3-encoded value; tensors come from ``var[key]``."""
+    """Python source for one encoded value (docs/dump-format.md#value-encoding); tensors come from ``var[key]``."""
     if enc is None or isinstance(enc, (bool, int, str)):
         return repr(enc)
     if isinstance(enc, float):

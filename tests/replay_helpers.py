@@ -1,4 +1,4 @@
-"""APIs to record and replay in tests, and a dump writer that follows SPEC 4.
+"""APIs to record and replay in tests, and a dump writer that follows docs/dump-format.md.
 
 The functions and the wrapper class are decorated with ``flashinfer_api`` like the real
 kernel APIs, so they are registered and replay can call them once told to trust this
@@ -128,7 +128,7 @@ class SegmentSumWrapper:
 
 
 def encode(value, key, tensors):
-    """SPEC 4.3 JSON encoding of one value; nested tensors go into ``tensors``."""
+    """The JSON encoding of one value (docs/dump-format.md#value-encoding); nested tensors go into ``tensors``."""
     if isinstance(value, torch.Tensor):
         tensors[key] = value
         return {
@@ -198,7 +198,7 @@ def _nbytes(tensors):
 
 
 class DumpWriter:
-    """Writes level-10 dumps under ``root`` following SPEC 4.
+    """Writes level-10 dumps under ``root`` following docs/dump-format.md.
 
     Parameters
     ----------

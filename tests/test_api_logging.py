@@ -1,4 +1,4 @@
-"""The @flashinfer_api decorator and log text of levels 0, 1 and 3 (SPEC 1-3)."""
+"""The @flashinfer_api decorator and log text of levels 0, 1 and 3 (docs/logging.md)."""
 
 import contextlib
 import enum

@@ -1,4 +1,4 @@
-"""The ``flashinfer`` command line (SPEC 5.3): replay, dumps, info."""
+"""The ``flashinfer`` command line (docs/replay.md, docs/flight-recorder.md, docs/install.md): replay, dumps, info."""
 
 import json
 import os

@@ -1,5 +1,5 @@
 """Level 10: the flight recorder's directories, records, tensor files, caps and
-filters (SPEC 4)."""
+filters (docs/dump-format.md)."""
 
 import json
 import os

@@ -1,4 +1,5 @@
-"""NVFP4 / MXFP4 quantization bit-exact against a short torch reference of the SPEC rule,
+"""NVFP4 / MXFP4 quantization bit-exact against a short torch reference of the rule in
+docs/kernels.md#fp4-quantization,
 scale layouts, round trip, and mm_fp4 against dequantize-then-matmul (float32
 accumulation, bf16 output: within 1e-2 relative to the reference's max)."""
 
@@ -29,7 +30,7 @@ def ref_e2m1(v):
 
 
 def ref_quantize(x, gsf, sv=16, ue8m0=False):
-    """Returns (packed codes [m, k/2], scale bytes [m, k/sv]) by the SPEC formula."""
+    """Returns (packed codes [m, k/2], scale bytes [m, k/sv]) by docs/kernels.md#fp4-quantization."""
     x = x.float()
     m, k = x.shape
     blocks = x.reshape(m, k // sv, sv)

@@ -1,5 +1,5 @@
 """Readers of a dump tree facing hostile input: FIFOs, deep nesting, huge lines, fields of
-the wrong type (issue #10). Each ends in a one-line error, never a hang or a traceback."""
+the wrong type (docs/security.md). Each ends in a one-line error, never a hang or a traceback."""
 
 import json
 import os

@@ -53,7 +53,7 @@ def sample_calls(api):
     api(torch.zeros(1, 1, dtype=torch.complex64), kv)
 
 
-# ------------------------------------------------------ JSON -> text (SPEC 3.4)
+# ------------------------------------------------------ JSON -> text (docs/logging.md)
 
 
 def stats_lines(stats, pad):
@@ -98,7 +98,7 @@ def text_has_stats(dtype):
 
 
 def render(value, indent):
-    """The text lines SPEC 3.4 writes for a JSON-encoded value (first line unindented)."""
+    """The text lines docs/logging.md#what-the-text-log-looks-like gives a JSON-encoded value (first line unindented)."""
     pad = "  " * indent
     if isinstance(value, bool) or value is None:
         return [str(value)]

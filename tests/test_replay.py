@@ -1,4 +1,4 @@
-"""Replay of level-10 dumps (SPEC 5.1, 5.2), on dumps written as SPEC 4 describes."""
+"""Replay of level-10 dumps (docs/replay.md), on dumps written as docs/dump-format.md describes."""
 
 import json
 import os

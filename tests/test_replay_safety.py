@@ -1,4 +1,4 @@
-"""Replaying a stranger's dump runs nothing it names (SPEC 5.1a, issue #10).
+"""Replaying a stranger's dump runs nothing it names (docs/security.md).
 
 Every hostile dump below would create the file ``PWNED`` if replay imported or called
 what it names. Each is tried through ``replay_from_dump(run=False)``, ``run=True`` and

@@ -337,7 +337,7 @@ RELEASE = {
     ),
 }
 
-# Our documented supersets: SPEC 6 keeps the one-argument prepare_low_latency_gemm_weights(w).
+# Our documented supersets: docs/kernels.md keeps the one-argument prepare_low_latency_gemm_weights(w).
 SUPERSETS = {
     "prepare_low_latency_gemm_weights": {
         "permutation_indices_cache": "permutation_indices_cache=None",

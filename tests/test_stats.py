@@ -1,4 +1,4 @@
-"""Level-5 tensor statistics (SPEC 3.3): flashinfer_native._C.tensor_stats and format_tensor_stats
+"""Level-5 tensor statistics (docs/logging.md#what-the-text-log-looks-like): flashinfer_native._C.tensor_stats and format_tensor_stats
 checked against torch computed in float64."""
 
 import math

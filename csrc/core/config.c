@@ -185,8 +185,8 @@ int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
     long long n;
 
     if ((v = env_or_null("FLASHINFER_LOGLEVEL"))) {
-        /* A negative level means 0 (SPEC 1), like the default, and is warned about as
-         * every other bad value is. */
+        /* A negative level means 0 (docs/logging.md#environment-variables), like the default, and
+         * is warned about as every other bad value is. */
         if (parse_ll(v, &n) == 0 && n >= 0)
             cfg->level = fi_config_round_level(n);
         else

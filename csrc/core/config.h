@@ -1,5 +1,6 @@
 /* config.h: the FLASHINFER_* environment variables parsed into a plain struct.
- * Pure C (getenv + strtol), so the rules of SPEC section 1 live in one place. */
+ * Pure C (getenv + strtol), so the rules of docs/logging.md#environment-variables live in one
+ * place. */
 #ifndef FI_CONFIG_H
 #define FI_CONFIG_H
 
@@ -49,7 +50,8 @@ void fi_config_free(fi_config *cfg);
 /* Rounds a requested level down to a named one (0, 1, 3, 5, 10). */
 int fi_config_round_level(long long level);
 
-/* Include/exclude filters of SPEC 1: include first (if any), then exclude. */
+/* Include/exclude filters (docs/logging.md#environment-variables): include first (if any), then
+ * exclude. */
 int fi_config_name_passes(const fi_config *cfg, const char *api_name);
 
 /* Replaces every %i in src by pid; returns a malloc'd string or NULL. */

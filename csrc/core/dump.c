@@ -1,4 +1,4 @@
-/* dump.c: the level-10 flight recorder (SPEC 4): one directory per call with the
+/* dump.c: the level-10 flight recorder (docs/dump-format.md): one directory per call with the
  * inputs/outputs tensor files and metadata.jsonl, plus the root's session.jsonl. */
 #include "dump.h"
 

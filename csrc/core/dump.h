@@ -1,4 +1,4 @@
-/* dump.h: the level-10 flight recorder (SPEC 4): dump directories, tensor files,
+/* dump.h: the level-10 flight recorder (docs/dump-format.md): dump directories, tensor files,
  * metadata.jsonl / session.jsonl records, caps, and calls held during CUDA graph capture. */
 #ifndef FI_DUMP_H
 #define FI_DUMP_H
@@ -18,9 +18,10 @@ typedef struct {
     PyObject *self;           /* the bound object for methods, else NULL */
 } fi_dump_api;
 
-/* Steps 1-3 of SPEC 4.2: caps, inputs file, metadata line 1. Returns NULL when the
- * call is not dumped (capped, suspended, or an error that was logged). Never raises:
- * any exception is turned into a "[DUMP ERROR (inputs) in NAME]" log line. */
+/* Before the call: caps, inputs file, metadata line 1
+ * (docs/dump-format.md#records-metadatajsonl-and-sessionjsonl). Returns NULL when the call is not
+ * dumped (capped, suspended, or an error that was logged). Never raises: any exception is turned
+ * into a "[DUMP ERROR (inputs) in NAME]" log line. */
 fi_dump_call *fi_dump_begin(fi_logger *lg, const fi_dump_api *api, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames);
 

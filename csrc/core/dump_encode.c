@@ -1,5 +1,6 @@
-/* dump_encode.c: a call's arguments and result as SPEC 4.3 dump metadata, their tensors
- * collected for the tensor files; the mirror of _decode in flashinfer_native/replay.py. */
+/* dump_encode.c: a call's arguments and result as dump metadata
+ * (docs/dump-format.md#value-encoding), their tensors collected for the tensor files; the mirror of
+ * _decode in flashinfer_native/replay.py. */
 #include "dump_encode.h"
 
 #include <string.h>
@@ -173,8 +174,9 @@ static PyObject *encode_container(fi_dump_tensors *ts, PyObject *v, PyObject *ke
                          "truncated", kept < n ? Py_True : Py_False);
 }
 
-/* The JSON-ready encoding of SPEC 4.3 for a non-top-level-tensor value; nested
- * tensors are collected into ts under key-derived names. New reference. */
+/* The JSON-ready encoding of a non-top-level-tensor value (docs/dump-format.md#value-encoding);
+ * nested tensors are collected into ts under their keys (docs/dump-format.md#argument-keys). New
+ * reference. */
 static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key)
 {
     if (v == Py_None || PyBool_Check(v) || PyUnicode_CheckExact(v) || PyFloat_CheckExact(v) ||

@@ -1,5 +1,6 @@
-/* dump_encode.h: a call's arguments and result as the SPEC 4.3 metadata of a dump record,
- * their tensors collected for the tensor files (flashinfer_native/replay.py decodes it). */
+/* dump_encode.h: a call's arguments and result as the metadata of a dump record
+ * (docs/dump-format.md#value-encoding), their tensors collected for the tensor files
+ * (flashinfer_native/replay.py decodes it). */
 #ifndef FI_DUMP_ENCODE_H
 #define FI_DUMP_ENCODE_H
 

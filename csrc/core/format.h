@@ -1,5 +1,5 @@
-/* format.h: Python values -> the log text of SPEC 3.4 (tensor blocks, containers,
- * enums, reprs), appended to an fi_buf. */
+/* format.h: Python values -> the log text of docs/logging.md#what-the-text-log-looks-like
+ * (tensor blocks, containers, enums, reprs), appended to an fi_buf. */
 #ifndef FI_FORMAT_H
 #define FI_FORMAT_H
 

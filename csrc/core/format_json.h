@@ -1,5 +1,6 @@
 /* format_json.h: the JSON log format (FLASHINFER_LOGFORMAT=json): record heads and
- * Python values as JSON, encoded as in the dump metadata (SPEC 4.3) plus statistics. */
+ * Python values as JSON, encoded as in the dump metadata (docs/dump-format.md#value-encoding)
+ * plus statistics. */
 #ifndef FI_FORMAT_JSON_H
 #define FI_FORMAT_JSON_H
 

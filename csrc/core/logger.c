@@ -1,5 +1,6 @@
 /* logger.c: the Logger type. One per import of flashinfer.api_logging, so a
- * re-import starts fresh (new destination, counters at zero) as SPEC 1 asks. */
+ * re-import starts fresh (new destination, counters at zero), as
+ * docs/logging.md#environment-variables says. */
 #include "logger.h"
 
 #include <structmember.h>

@@ -30,9 +30,9 @@ void fi_stats_forget(void);
  * reads instead of a second pass over the outputs. */
 void fi_stats_remember_taken(int on);
 
-/* Appends the statistics lines of SPEC 3.3, each prefixed by indent levels (two spaces
- * each) and ended by '\n'; nothing for FI_STATS_NONE. As in FlashInfer's log, a tensor
- * with a NaN prints min, max and mean as nan. Returns -1 on allocation failure. */
+/* Appends the statistics lines of docs/logging.md#what-the-text-log-looks-like, each prefixed by
+ * indent levels (two spaces each) and ended by '\n'; nothing for FI_STATS_NONE. As in FlashInfer's
+ * log, a tensor with a NaN prints min, max and mean as nan. Returns -1 on allocation failure. */
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
 
 /* fi_stats_of_tensor (known: the tensor's metadata when the caller read it already, else
