@@ -26,7 +26,7 @@ NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml na
 	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test fuzz \
-	fuzz-tools gpu-check clean
+	fuzz-tools fuzz-run-python gpu-check clean
 
 all: build
 
@@ -104,10 +104,13 @@ asan-test: venv
 # Coverage-guided fuzzing, FUZZ_S seconds per target (tests/fuzz/README.md). The C readers
 # (json, pickle, pt, safetensors) are libFuzzer targets built with clang and
 # -fsanitize=fuzzer,address,undefined over an embedded interpreter (no torch); the
-# dump-tree reader is an atheris target over the extension built with ASan/UBSan. Each
-# target first replays its seed corpus and past crashes (tests/fuzz/{corpus,regressions}).
+# dump-tree consumers and the repro exporter are atheris targets over the extension built
+# with ASan/UBSan. Each target first replays its seed corpus and past crashes
+# (tests/fuzz/{corpus,regressions}; the exporter starts from the dump-tree seeds).
 FUZZ_S ?= 60
 FUZZ_TARGETS := json pickle pt safetensors
+FUZZ_PY_TARGETS := dumptree repro
+FUZZ_SEEDS_repro := dumptree
 FUZZ_DIR := build/fuzz
 FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -Icsrc/tensorfile -Ikernels/include
@@ -123,14 +126,15 @@ PY_EMBED = $(shell $(VPY) -c 'import sysconfig as s; d, v = s.get_config_var("LI
 # and past crashes (read first, so a regression fails at once); prints the log's tail.
 define fuzz_run
 	$(2) -max_total_time=$(FUZZ_S) -print_final_stats=1 -timeout=30 -rss_limit_mb=4096 \
-		-artifact_prefix=$(FUZZ_DIR)/crashes/$(1)- $(FUZZ_DIR)/corpus/$(1) tests/fuzz/corpus/$(1) \
+		-artifact_prefix=$(FUZZ_DIR)/crashes/$(1)- $(FUZZ_DIR)/corpus/$(1) \
+		tests/fuzz/corpus/$(or $(FUZZ_SEEDS_$(1)),$(1)) \
 		$(wildcard tests/fuzz/regressions/$(1)) > $(FUZZ_DIR)/$(1).log 2>&1; \
 		status=$$?; grep -Ev '(NEW|REDUCE) +cov|Uses: ' $(FUZZ_DIR)/$(1).log | tail -n 25; (exit $$status)
 endef
 
-fuzz: fuzz-tools $(addprefix fuzz-run-,$(FUZZ_TARGETS)) fuzz-run-dumptree
+fuzz: fuzz-tools $(addprefix fuzz-run-,$(FUZZ_TARGETS)) fuzz-run-python
 	@echo "== fuzzing summary ($(FUZZ_S) s per target; logs in $(FUZZ_DIR)/*.log)"
-	@for t in $(FUZZ_TARGETS) dumptree; do \
+	@for t in $(FUZZ_TARGETS) $(FUZZ_PY_TARGETS); do \
 		printf '%-12s %s edges of %s, %s execs/s\n' "$$t" \
 			"$$(grep -o 'cov: [0-9]*' $(FUZZ_DIR)/$$t.log | tail -1 | cut -d' ' -f2)" \
 			"$$(grep -o '[0-9]* inline 8-bit counters' $(FUZZ_DIR)/$$t.log | tail -1 | cut -d' ' -f1)" \
@@ -145,7 +149,8 @@ fuzz-tools: venv
 		sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$sudo apt-get update -q && $$sudo apt-get install -y -q --no-install-recommends clang libclang-rt-dev; }
 	$(PIP) install atheris==3.0.0
-	mkdir -p $(FUZZ_DIR)/obj $(FUZZ_DIR)/crashes $(addprefix $(FUZZ_DIR)/corpus/,$(FUZZ_TARGETS) dumptree)
+	mkdir -p $(FUZZ_DIR)/obj $(FUZZ_DIR)/crashes \
+		$(addprefix $(FUZZ_DIR)/corpus/,$(FUZZ_TARGETS) $(FUZZ_PY_TARGETS))
 
 $(FUZZ_DIR)/obj/%.o: csrc/tensorfile/%.c csrc/tensorfile/*.h | fuzz-tools
 	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) -c $< -o $@
@@ -163,17 +168,24 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJS)
 fuzz-run-%: $(FUZZ_DIR)/fuzz_%
 	$(call fuzz_run,$*,$(FUZZ_DIR)/fuzz_$* -dict=$(FUZZ_DICT_$*))
 
-# The extension in place, built by clang with ASan/UBSan and libFuzzer's coverage hooks,
-# under atheris's ASan + libFuzzer runtime; the normal build is restored afterwards.
-fuzz-run-dumptree: fuzz-tools
+# The Python targets: the extension in place, built once by clang with ASan/UBSan and
+# libFuzzer's coverage hooks, each target under atheris's ASan + libFuzzer runtime; the
+# normal build is restored afterwards.
+ATHERIS_RUN = LD_PRELOAD="$$($(VPY) -c 'import atheris; print(atheris.path())')/asan_with_fuzzer.so" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(VPY) tests/fuzz/fuzz_$(1).py
+fuzz-run-python: fuzz-tools
 	CC=clang LDSHARED="clang -shared" FLASHINFER_NO_CUDA=1 \
 		FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-missing-field-initializers" \
 		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
 		$(VPY) setup.py -q build_ext --inplace --build-temp $(FUZZ_DIR)/ext --force
-	$(call fuzz_run,dumptree,LD_PRELOAD="$$($(VPY) -c 'import atheris; print(atheris.path())')/asan_with_fuzzer.so" \
-		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-		$(VPY) tests/fuzz/fuzz_dumptree.py); \
-		status=$$?; $(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$status
+	failed=0; \
+	$(call fuzz_run,dumptree,$(call ATHERIS_RUN,dumptree)) || failed=1; \
+	$(call fuzz_run,repro,$(call ATHERIS_RUN,repro)) || failed=1; \
+	$(MAKE) --no-print-directory build BUILD_FLAGS=--force >/dev/null; exit $$failed
+
+fuzz-run-dumptree fuzz-run-repro: fuzz-run-python
+	@:
 
 clean:
 	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info native/build

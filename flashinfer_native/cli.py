@@ -16,8 +16,12 @@ from collections import Counter
 import click
 import torch
 
-from . import __version__, dumpdir, hook, registry
+from . import __version__, dumpdir, hook, record, registry
 from . import replay as _replay
+from .terminal import escape
+
+# Longest line of dump text printed (terminal.escape counts what is left out).
+_MAX_LINE = 4000
 
 _MARKS = {
     "passed": ("✅ Passed", "green"),
@@ -30,7 +34,23 @@ _MARKS = {
 }
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group. A dump is untrusted input: whatever a reader of it raises ends
+    the command with one escaped line on stderr and exit status 1, never a traceback
+    (``run`` excepted: the script it runs is the user's own)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if ctx.invoked_subcommand == "run":
+                raise
+            raise _failure(f"{type(exc).__name__}: {exc}") from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="flashinfer")
 def cli():
     """flashinfer: replay, inspect and triage level-10 flight-recorder dumps."""
@@ -62,6 +82,27 @@ def _allow_module_option(ctx, param, value):
     return list(value)
 
 
+_allow_modules_option = click.option(
+    "--allow-module",
+    "allow_modules",
+    metavar="PATTERN",
+    multiple=True,
+    callback=_allow_module_option,
+    help="Also call @flashinfer_api functions of modules matching PATTERN (fnmatch; "
+    "a name includes its submodules; imported first). Repeatable. Only flashinfer is "
+    "allowed by default: dumps are untrusted input.",
+)
+
+
+_allow_jit_args_option = click.option(
+    "--allow-jit-args",
+    is_flag=True,
+    help="Also pass arguments that reach FlashInfer's JIT compiler (jit_args and the others "
+    "of docs/security.md, or text where a number belongs): they are code or paths, not "
+    "data; refused by default.",
+)
+
+
 def _device_name(ctx, param, value):
     """A torch device name, not necessarily present here (a script may run elsewhere)."""
     if value is None:
@@ -77,6 +118,18 @@ def _first_line(text):
     return text.splitlines()[0] if text else text
 
 
+def _say(text):
+    """Print one line holding a dump's text: escaped, so that it stays one line and
+    drives no terminal (docs/security.md)."""
+    click.echo(escape(text, limit=_MAX_LINE))
+
+
+def _failure(exc):
+    """A ClickException (exit status 1, ``Error: ...`` on one stderr line) from an error
+    whose message may quote a dump."""
+    return click.ClickException(escape(str(exc), limit=_MAX_LINE))
+
+
 def _message(result, status):
     if status == "error":
         return _first_line(result.get("error") or result.get("execution_error", ""))
@@ -84,16 +137,18 @@ def _message(result, status):
 
 
 def _call_line(index, result, status, color):
+    """The line of one replayed call; the dump's text in it escaped (``terminal.escape``)
+    before the colour is added."""
     name = (result.get("metadata") or {}).get("function_name", "unknown")
     mark, colour = _MARKS[status]
     text = mark
     if status == "error":
-        text = f"{mark}: {_message(result, status)}"
+        text = f"{mark}: {escape(_message(result, status))}"
     elif status == "passed" and result.get("comparison_skipped"):
-        text = f"{mark} ({result['comparison_skipped']})"
-    dir_name = os.path.basename(result.get("dump_dir", ""))
+        text = f"{mark} ({escape(result['comparison_skipped'])})"
+    dir_name = escape(os.path.basename(result.get("dump_dir", "")))
     styled = click.style(text, fg=colour) if color else text
-    return f"[{index}] {name} ({dir_name}): {styled}"
+    return f"[{index}] {escape(name)} ({dir_name}): {styled}"
 
 
 def _report_entry(index, result, status):
@@ -140,16 +195,8 @@ def _report_entry(index, result, status):
     default=None,
     help="Write a machine-readable report to this file.",
 )
-@click.option(
-    "--allow-module",
-    "allow_modules",
-    metavar="PATTERN",
-    multiple=True,
-    callback=_allow_module_option,
-    help="Also replay @flashinfer_api functions of modules matching PATTERN (fnmatch; "
-    "a name includes its submodules; imported before replaying). Repeatable. Only "
-    "flashinfer is allowed by default: dumps are untrusted input.",
-)
+@_allow_modules_option
+@_allow_jit_args_option
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
 @click.option(
     "--per-rank",
@@ -158,7 +205,17 @@ def _report_entry(index, result, status):
     "(on cuda:LOCAL_RANK, or the CPU); rank 0 prints one merged summary.",
 )
 def replay(
-    dump_dir, device, include, exclude, rtol, atol, json_path, allow_modules, verbose, per_rank
+    dump_dir,
+    device,
+    include,
+    exclude,
+    rtol,
+    atol,
+    json_path,
+    allow_modules,
+    allow_jit_args,
+    verbose,
+    per_rank,
 ):
     """Replay recorded API calls and compare them with their recorded outputs.
 
@@ -180,17 +237,25 @@ def replay(
         entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
     if per_rank:
         _replay_per_rank(
-            dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow_modules
+            dump_dir,
+            entries,
+            single,
+            device,
+            rtol,
+            atol,
+            json_path,
+            verbose,
+            (allow_modules, allow_jit_args),
         )
         return
     device = _replay._resolve_device(device)
     header = "single dump" if single else "session"
-    click.echo(f"Replaying {header} from {dump_dir}...")
+    _say(f"Replaying {header} from {dump_dir}...")
     counts, report = _replay_entries(
-        entries, device, rtol, atol, verbose, click.echo, allow_modules
+        entries, device, rtol, atol, verbose, click.echo, (allow_modules, allow_jit_args)
     )
     if not entries:
-        click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
+        _say(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
     click.echo(_summary_line(counts))
     if json_path:
         _write_json(
@@ -200,18 +265,20 @@ def replay(
     sys.exit(0 if entries and counts["passed"] == len(entries) else 1)
 
 
-def _replay_entries(entries, device, rtol, atol, verbose, echo, allow_modules):
+def _replay_entries(entries, device, rtol, atol, verbose, echo, allow):
     """Replay ``entries`` in order with one object registry, calling only APIs of allowed
-    modules; ``echo`` takes each output line. Returns (Counter of outcomes, list of
-    report entries)."""
+    modules (``allow``: ``(allow_modules, allow_jit_args)``); ``echo`` takes each output
+    line. Returns (Counter of outcomes, list of report entries)."""
     tty = echo is click.echo and _stdout_is_terminal()
     objects = {}
     counts = Counter()
     report = []
     for index, (path, records) in enumerate(entries, 1):
         if tty:
-            click.echo(f"  replaying {index}/{len(entries)} {os.path.basename(path)}...", nl=False)
-        result = _replay.replay_entry(path, records, objects, device, rtol, atol, allow_modules)
+            click.echo(
+                f"  replaying {index}/{len(entries)} {escape(os.path.basename(path))}...", nl=False
+            )
+        result = _replay.replay_entry(path, records, objects, device, rtol, atol, *allow)
         if tty:
             click.echo("\r\x1b[K", nl=False)
         status = _replay.classify(result)
@@ -219,9 +286,10 @@ def _replay_entries(entries, device, rtol, atol, verbose, echo, allow_modules):
         echo(_call_line(index, result, status, tty))
         mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
         for line in mismatches if verbose else mismatches[:3]:
-            echo(f"    {line}")
+            echo(escape(f"    {line}", limit=_MAX_LINE))
         if verbose and status == "error" and result.get("traceback"):
-            echo(result["traceback"].rstrip())
+            for line in result["traceback"].rstrip().splitlines():
+                echo(escape(line, limit=_MAX_LINE))
         report.append(_report_entry(index, result, status))
     return counts, report
 
@@ -253,9 +321,7 @@ def _json_report(dump_dir, single, device, rtol, atol, total, counts, report):
     }
 
 
-def _replay_per_rank(
-    dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow_modules
-):
+def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow):
     """``replay --per-rank``: this rank's calls, then one merged summary from rank 0."""
     from .distributed import RankSession
 
@@ -267,7 +333,7 @@ def _replay_per_rank(
         mine, problems = session.mine(entries)
         lines = []
         counts, report = _replay_entries(
-            mine, session.device, rtol, atol, verbose, lines.append, allow_modules
+            mine, session.device, rtol, atol, verbose, lines.append, allow
         )
         outcomes = session.gather((str(session.device), len(mine), lines, counts, report))
     finally:
@@ -279,13 +345,13 @@ def _replay_per_rank(
     ok = replayed > 0 and not problems and total["passed"] == replayed
     if session.rank == 0:
         header = "single dump" if single else "session"
-        click.echo(f"Replaying {header} from {dump_dir} on {session.world_size} ranks...")
+        _say(f"Replaying {header} from {dump_dir} on {session.world_size} ranks...")
         for rank, (rank_device, count, rank_lines, _, _) in enumerate(outcomes):
             click.echo(f"Rank {rank} ({rank_device}): {count} calls")
             for line in rank_lines:
-                click.echo(f"  {line}")
+                _say(f"  {line}")
         for problem in problems:
-            click.echo(f"Not replayed: {problem}")
+            _say(f"Not replayed: {problem}")
         click.echo(f"{_summary_line(total)} ({session.world_size} ranks)")
         if json_path:
             data = _json_report(dump_dir, single, "per-rank", rtol, atol, replayed, total, [])
@@ -327,11 +393,11 @@ def dumps(dump_dir, as_json):
     try:
         s = dumpdir.summarize_session(dump_dir)
     except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _failure(exc) from None
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
-    click.echo(f"Session {s['root']} ({s['source']})")
+    _say(f"Session {s['root']} ({s['source']})")
     click.echo(
         f"{s['calls']} calls: {len(s['completed'])} completed, {len(s['exception'])} "
         f"exception, {len(s['incomplete'])} incomplete"
@@ -343,22 +409,22 @@ def dumps(dump_dir, as_json):
         lines = ", ".join(map(str, s["oversized_lines"][:5]))
         more = ", ..." if len(s["oversized_lines"]) > 5 else ""
         click.echo(
-            f"Lines longer than {dumpdir.size_text(dumpdir.MAX_LINE_BYTES)} skipped unread: "
+            f"Lines longer than {dumpdir.size_text(record.MAX_LINE_BYTES)} skipped unread: "
             f"{len(s['oversized_lines'])} (line {lines}{more})"
         )
     fired = {}
     if s["triggers"]:
         click.echo("Flight recorder triggers:")
         for t in s["triggers"]:
-            what = t["trigger"] + (f" ({t['signal']})" if t.get("signal") else "")
+            what = str(t["trigger"] or "trigger") + (f" ({t['signal']})" if t.get("signal") else "")
             fired.setdefault(t["dir"], what)
-            click.echo(
+            _say(
                 f"  {what} at {t['dir']} (pid {t['process_id']}): "
                 f"{t['calls_written']} calls written"
             )
     click.echo("Calls per API:")
     for api, n in s["per_api"].items():
-        click.echo(f"  {api}: {n}")
+        _say(f"  {api}: {n}")
 
     def mark(name):
         return f"  <- trigger: {fired[name]}" if name in fired else ""
@@ -366,15 +432,15 @@ def dumps(dump_dir, as_json):
     if s["completed"]:
         click.echo("Completed calls:")
         for name in s["completed"]:
-            click.echo(f"  {name}{mark(name)}")
+            _say(f"  {name}{mark(name)}")
     if s["exception"]:
         click.echo("Exception calls:")
         for e in s["exception"]:
-            click.echo(f"  {e['dir']}: {e['type']}: {e['message']}{mark(e['dir'])}")
+            _say(f"  {e['dir']}: {e['type']}: {e['message']}{mark(e['dir'])}")
     if s["incomplete"]:
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
-            click.echo(f"  {name}{mark(name)}")
+            _say(f"  {name}{mark(name)}")
 
 
 def _tolerances(command):
@@ -412,31 +478,46 @@ def _tolerances(command):
     help="For a wrapper method: replay every call on the object since its __init__, "
     "not only its latest plan.",
 )
-def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain):
+@_allow_modules_option
+@_allow_jit_args_option
+def repro(dump_call_dir, out, device, tar, rtol, atol, full_chain, allow_modules, allow_jit_args):
     """Export one recorded call as a folder with its tensors and a standalone repro.py.
 
     The script needs only torch and flashinfer; it rebuilds a wrapper's object
     (__init__, plan) before a method call, runs the call, compares with the recorded
-    outputs (or exception) and exits 1 on a mismatch.
+    outputs (or exception) and exits 1 on a mismatch. It calls only what replay would
+    call: registered @flashinfer_api functions of allowed modules (flashinfer, plus
+    --allow-module); a dump naming anything else is refused.
 
     Exit status: 0 when the folder (or archive) was written, 1 when the call cannot be
-    exported (a one-line error says why), 2 for bad arguments or a missing directory.
+    exported or is refused (a one-line error says why), 2 for bad arguments or a
+    missing directory.
     """
     from .repro import export_repro
 
     try:
-        done = export_repro(dump_call_dir, out, device, tar, rtol, atol, full_chain)
+        done = export_repro(
+            dump_call_dir,
+            out,
+            device,
+            tar,
+            rtol,
+            atol,
+            full_chain,
+            allow_modules,
+            allow_jit_args,
+        )
     except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _failure(exc) from None
     kind = "archive" if tar else "folder"
-    click.echo(f"Wrote {kind} {done['path']} ({done['tensor_bytes']} bytes of tensors)")
-    click.echo(f"Calls: {' -> '.join(done['steps'])}")
+    _say(f"Wrote {kind} {done['path']} ({done['tensor_bytes']} bytes of tensors)")
+    _say(f"Calls: {' -> '.join(done['steps'])}")
     for note in done["notes"]:
-        click.echo(f"Note: {note}")
+        _say(f"Note: {note}")
     run = (
         f"tar xzf {done['path']} && python {done['script']}" if tar else f"python {done['script']}"
     )
-    click.echo(f"Run: {run}")
+    _say(f"Run: {run}")
 
 
 _DIFF_MARKS = {
@@ -539,7 +620,7 @@ def diff(a, b, rtol, atol, json_path, verbose):
     from .diff import diff_sessions
 
     header, entries = diff_sessions(a, b, rtol, atol)
-    click.echo(
+    _say(
         f"Comparing A {a} ({header['calls_a']} calls) with B {b} ({header['calls_b']} calls), "
         f"matched by {header['match']}"
     )
@@ -552,18 +633,18 @@ def diff(a, b, rtol, atol, json_path, verbose):
         if first is None and entry["status"] != "same":
             first = entry
         for line in _diff_line(entry, roots, verbose):
-            click.echo(line)
+            _say(line)
         if stream:
             stream.add(entry)
     if first is not None:
-        click.echo(f"First divergence: [{first['index']}] {first['api']}")
+        _say(f"First divergence: [{first['index']}] {first['api']}")
         for line in _diff_sides(first, roots):
-            click.echo(line)
+            _say(line)
         for reason in first.get("reasons", [])[:5]:
-            click.echo(f"    {reason}")
+            _say(f"    {reason}")
         side = "a" if "a" in first else "b"
         where = os.path.join(roots[side], first[side]["dir"])
-        click.echo(f"Reproduce it: {_command()} repro {where} -o repro_{side}")
+        _say(f"Reproduce it: {_command()} repro {where} -o repro_{side}")
     summary = {
         "matched": counts["same"] + counts["diverged"],
         "same": counts["same"],
@@ -621,11 +702,9 @@ def report(dump_dir, out, replay_json, max_calls):
     try:
         done = write_report(dump_dir, out, replay_json, max_calls)
     except (OSError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _failure(exc) from None
     counts = ", ".join(f"{n} {s}" for s, n in done["statuses"].items())
-    click.echo(
-        f"Wrote {done['path']}: {done['calls']} calls ({counts}), {done['detailed']} detailed"
-    )
+    _say(f"Wrote {done['path']}: {done['calls']} calls ({counts}), {done['detailed']} detailed")
 
 
 def _flashinfer_package():

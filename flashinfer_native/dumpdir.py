@@ -4,24 +4,23 @@ Everything here only reads: it never imports a module or calls anything named by
 dump (docs/security.md). Replay (``replay.py``) and the command line (``cli.py``) share it.
 """
 
+import errno
 import fnmatch
-import json
 import math
 import os
 import re
 import stat
 from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
 from . import _C
+from . import record as rec
+from .record import field_problem, parse_record
 
 __all__ = [
-    "MAX_DEPTH",
-    "MAX_LINE_BYTES",
-    "MAX_METADATA_BYTES",
     "METADATA_FILE",
-    "bounded_lines",
     "find_dump_dirs",
     "load_tensor_file",
     "load_tensors",
@@ -29,7 +28,9 @@ __all__ = [
     "ordered_dumps",
     "parse_record",
     "read_metadata",
+    "read_session",
     "record_type_problem",
+    "refuse_link",
     "size_text",
     "summarize_session",
     "tensor_file",
@@ -42,31 +43,6 @@ _DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
 
 # --------------------------------------------------------------------- records
 
-# Bounds on what a reader takes from a dump: a record is a few KB, a metadata file holds
-# two lines plus one per CUDA-graph flush. Longer lines and larger files are refused.
-MAX_LINE_BYTES = 16 << 20
-MAX_METADATA_BYTES = 64 << 20
-# Records nest far less; the bound keeps every later walk over a record (decoding,
-# printing, comparing) clear of Python's recursion limit.
-MAX_DEPTH = 100
-
-# Record fields replay and the summaries use, with the JSON types they must have (null
-# counts as absent). Anything else in a record is carried, never interpreted.
-_FIELD_TYPES = {
-    "function_name": (str,),
-    "module": (str,),
-    "execution_status": (str,),
-    "tensor_format": (str,),
-    "dump_dir": (str,),
-    "input_metadata": (dict,),
-    "output_metadata": (dict,),
-    "tensor_info": (dict,),
-    "exception": (dict,),
-    "process_id": (int, str),
-    "self_id": (int, str),
-}
-_KEY_LISTS = ("input_tensor_keys", "output_tensor_keys")
-_JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
 _FILE_KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -74,14 +50,6 @@ _FILE_KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
-
-
-def _json_type(value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    return _JSON_TYPE.get(type(value), type(value).__name__)
 
 
 def _not_regular(path, mode):
@@ -94,19 +62,27 @@ def open_regular(path):
 
     A FIFO, device or socket in a dump would block a reader forever or have side effects
     when opened, so the type is checked before opening and again on the open file (the
-    open itself is non-blocking, in case the path changed in between).
+    open itself is non-blocking, in case the path changed in between). A symbolic link
+    is refused, never followed (docs/security.md): its target may lie outside the dump.
 
     Raises
     ------
     FileNotFoundError, OSError
         The file is missing or unreadable.
     ValueError
-        It is not a regular file.
+        It is not a regular file, or it is a symbolic link.
     """
+    refuse_link(path)
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise _not_regular(path, mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link(path) from None
+        raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -118,87 +94,30 @@ def open_regular(path):
         raise
 
 
-def bounded_lines(f, limit=None):
-    """Yield ``(line_number, line)`` from binary file ``f``, never holding more than
-    ``limit`` (default :data:`MAX_LINE_BYTES`) bytes of one line: a longer line is
-    skipped and yielded as ``None``."""
-    limit = MAX_LINE_BYTES if limit is None else limit
-    lineno = 0
-    while True:
-        line = f.readline(limit + 1)
-        if not line:
-            return
-        lineno += 1
-        if len(line) <= limit or line.endswith(b"\n"):
-            yield lineno, line
-            continue
-        while line and not line.endswith(b"\n"):
-            line = f.readline(1 << 20)
-        yield lineno, None
+def _link(path):
+    return ValueError(
+        f"{path}: is a symbolic link; links inside a dump are not followed (copy the file "
+        "into the dump instead)"
+    )
 
 
-def parse_record(line):
-    """One JSONL line as a dict nested at most :data:`MAX_DEPTH` deep; ValueError
-    describing the problem otherwise."""
+def refuse_link(path):
+    """ValueError when ``path`` itself is a symbolic link (its target is never read)."""
     try:
-        # Records are UTF-8: decoding here keeps json from guessing UTF-16/32 from the
-        # bytes (and importing a codec on a dump's say-so).
-        record = json.loads(line.decode("utf-8"))
-    except RecursionError:
-        record = None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"is not valid JSON ({exc})") from None
-    if record is None or _nested_deeper_than(record, MAX_DEPTH):
-        raise ValueError(f"is nested deeper than {MAX_DEPTH} levels")
-    if not isinstance(record, dict):
-        raise ValueError(f"is a JSON {_json_type(record)}, expected an object")
-    return record
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise _link(path)
+    except FileNotFoundError:
+        pass
 
 
-def _nested_deeper_than(value, limit):
-    """Iteratively (no recursion): whether lists/dicts in ``value`` nest beyond ``limit``."""
-    stack = [(value, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children = value.values()
-        elif isinstance(value, list):
-            children = value
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def record_type_problem(record):
-    """The first field of ``record`` whose JSON type replay cannot use, described; or None."""
-    for field, types in _FIELD_TYPES.items():
-        value = record.get(field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
-            expected = " or ".join(_JSON_TYPE[t] for t in types)
-            return f"field {field!r} is a JSON {_json_type(value)} ({_brief(value)}), expected {expected}"
-    info = record.get("tensor_info") or {}
-    for field in _KEY_LISTS:
-        keys = info.get(field)
-        if keys is not None and (
-            not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)
-        ):
-            return f"field 'tensor_info.{field}' is not a JSON array of strings"
-    return None
-
-
-def _brief(value):
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+record_type_problem = field_problem
 
 
 def read_metadata(dump_dir):
     """Read every record of ``DUMP_DIR/metadata.jsonl``.
 
-    The file is read with bounds (:data:`MAX_METADATA_BYTES` in all,
-    :data:`MAX_LINE_BYTES` per line), must be a regular file, and each record's fields
+    The file is read with bounds (``record.MAX_METADATA_BYTES`` in all,
+    ``record.MAX_LINE_BYTES`` per line), must be a regular file, and each record's fields
     that replay uses must have their JSON types (``function_name`` a string, ...).
 
     Parameters
@@ -234,15 +153,15 @@ def read_metadata(dump_dir):
     records = []
     total = 0
     with f:
-        for lineno, line in bounded_lines(f):
+        for lineno, line in rec.bounded_lines(f):
             if line is None:
                 raise ValueError(
-                    f"{path}: line {lineno} is longer than {size_text(MAX_LINE_BYTES)}"
+                    f"{path}: line {lineno} is longer than {size_text(rec.MAX_LINE_BYTES)}"
                 )
             total += len(line)
-            if total > MAX_METADATA_BYTES:
+            if total > rec.MAX_METADATA_BYTES:
                 raise ValueError(
-                    f"{path}: metadata file is larger than {size_text(MAX_METADATA_BYTES)}"
+                    f"{path}: metadata file is larger than {size_text(rec.MAX_METADATA_BYTES)}"
                 )
             if not line.strip():
                 continue
@@ -302,6 +221,7 @@ def load_tensor_file(path):
     ValueError
         The file is truncated, corrupt, or not a dict of tensors; the message names it.
     """
+    refuse_link(path)
     try:
         tensors = _C.load_tensors(path)
     except Exception as exc:
@@ -334,14 +254,17 @@ def tensor_file(dump_dir, stem, record):
 
 
 def find_dump_dirs(root_dir):
-    """Sub-directories of ``root_dir`` holding ``metadata.jsonl``, sorted by name."""
+    """Sub-directories of ``root_dir`` holding ``metadata.jsonl``, sorted by name.
+
+    A symbolic link under the root is not a dump directory: it is never followed."""
     root_dir = os.fspath(root_dir)
     if not os.path.isdir(root_dir):
         raise FileNotFoundError(f"dump root directory not found: {root_dir}")
     return sorted(
         os.path.join(root_dir, name)
         for name in os.listdir(root_dir)
-        if os.path.isfile(os.path.join(root_dir, name, METADATA_FILE))
+        if not os.path.islink(os.path.join(root_dir, name))
+        and os.path.lexists(os.path.join(root_dir, name, METADATA_FILE))
     )
 
 
@@ -370,20 +293,17 @@ def _fallback_key(dir_name):
 def _session_positions(root_dir):
     """Line number of each call directory's first record in the root's session.jsonl,
     by directory name: without ``sequence`` (FlashInfer's dumps), the only record of the
-    order of calls made in the same millisecond. Empty when the file is missing."""
+    order of calls made in the same millisecond. Empty when the file is missing or
+    cannot be read."""
     positions = {}
     try:
-        with open_regular(os.path.join(root_dir, SESSION_FILE)) as f:
-            for lineno, line in bounded_lines(f):
-                try:
-                    record = parse_record(line) if line else None
-                except ValueError:
-                    continue
-                where = record.get("dump_dir") if record else None
-                if isinstance(where, str):
-                    positions.setdefault(os.path.basename(where.rstrip("/")), lineno)
+        session = read_session(root_dir)
     except (OSError, ValueError):
-        pass
+        return positions
+    for lineno, record in session.records if session else ():
+        where = record.get("dump_dir")
+        if isinstance(where, str):
+            positions.setdefault(os.path.basename(where.rstrip("/")), lineno)
     return positions
 
 
@@ -455,40 +375,72 @@ def ordered_dumps(root_dir, include=None, exclude=None):
 # ------------------------------------------------------------- session summary
 
 
-def _session_records(root):
-    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing).
+@dataclass
+class Session:
+    """What :func:`read_session` read: ``records`` as ``(line number, record)``, lines
+    that are not JSON objects (a process killed mid-write cuts its last line) counted in
+    ``unreadable``, the numbers of lines longer than ``record.MAX_LINE_BYTES`` (skipped
+    unread) in ``oversized``."""
 
-    Returns ``(records, unreadable, oversized, source)``: lines that are not JSON objects
-    are counted in ``unreadable``, lines longer than :data:`MAX_LINE_BYTES` are skipped
-    unread and their numbers listed in ``oversized``.
+    path: str
+    records: list = field(default_factory=list)
+    unreadable: int = 0
+    oversized: list = field(default_factory=list)
+
+
+def read_session(root):
+    """Read ``ROOT/session.jsonl`` through the bounded line reader; None when it is
+    missing.
+
+    Every reader of the session file (``dumps``, ``report``, the call order) goes
+    through here, so each gets the same bounds.
+
+    Raises
+    ------
+    ValueError
+        The file is not a regular file, or a record parses but has a field no consumer
+        may use (a non-finite or huge number, a wrong JSON type); the message names the
+        file, the line and the field.
     """
-    path = os.path.join(root, SESSION_FILE)
+    path = os.path.join(os.fspath(root), SESSION_FILE)
+    if not os.path.lexists(path):
+        return None
+    session = Session(path)
+    with open_regular(path) as f:
+        for lineno, line in rec.bounded_lines(f):
+            if line is None:
+                session.oversized.append(lineno)
+                continue
+            if not line.strip():
+                continue
+            try:
+                record = parse_record(line)
+            except ValueError:
+                session.unreadable += 1
+                continue
+            problem = field_problem(record)
+            if problem:
+                raise ValueError(f"{path}: line {lineno}: {problem}")
+            session.records.append((lineno, record))
+    return session
+
+
+def _session_records(root):
+    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing):
+    ``(records, unreadable, oversized, source)``."""
+    session = read_session(root)
+    if session is not None:
+        records = [r for _, r in session.records]
+        return records, session.unreadable, session.oversized, session.path
     bad = 0
     records = []
-    oversized = []
-    if os.path.lexists(path):
-        with open_regular(path) as f:
-            for lineno, line in bounded_lines(f):
-                if line is None:
-                    oversized.append(lineno)
-                elif line.strip():
-                    try:
-                        record = parse_record(line)
-                    except ValueError:
-                        bad += 1
-                        continue
-                    if record_type_problem(record):
-                        bad += 1
-                    else:
-                        records.append(record)
-        return records, bad, oversized, path
     for dump in find_dump_dirs(root):
         try:
             for record in read_metadata(dump):
                 records.append(dict(record, dump_dir=record.get("dump_dir", dump)))
         except (OSError, ValueError):
             bad += 1
-    return records, bad, oversized, None
+    return records, bad, [], None
 
 
 def _dir_bytes(path):

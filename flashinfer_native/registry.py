@@ -23,11 +23,17 @@ import importlib
 import importlib.machinery
 import sys
 
+from .record import dotted_name
+
 __all__ = [
     "DEFAULT_ALLOWED",
     "ReplayRefused",
     "allowed_patterns",
+    "check_names",
+    "home_of",
+    "enum_member",
     "import_allowed",
+    "locate_enum",
     "module_allowed",
     "register",
     "resolve_call",
@@ -205,6 +211,31 @@ def _allow_hint(module):
 _DECORATE_HINT = "to allow it, decorate it with @flashinfer_api in its module"
 
 
+def _quoted(value):
+    """A dump's value in a message: its repr (control characters escaped), shortened."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_names(module, name, where):
+    """The record's ``module`` and ``function_name`` are dotted names of ASCII identifiers.
+
+    ASCII only: Python folds identifiers by NFKC, so a fullwidth name could stand for
+    another one in a generated script; and a name that is no identifier can be no API.
+
+    Raises
+    ------
+    ReplayRefused
+        Naming the field and its value.
+    """
+    for field, value in (("module", module), ("function_name", name)):
+        if not dotted_name(value):
+            raise ReplayRefused(
+                f"{where}: {field} {_quoted(value)} is not a dotted name of ASCII "
+                "identifiers; replay calls only @flashinfer_api functions of allowed modules"
+            )
+
+
 def _check_module(module, patterns, where, field="module"):
     if not module_allowed(module, patterns):
         raise ReplayRefused(
@@ -265,6 +296,13 @@ def _module_level(module, path):
     lacks it, the package's top-level name (its APIs are also ``flashinfer.NAME``, so a
     dump of ``flashinfer.gemm.gemm_base.mm_fp4`` replays where only ``flashinfer.gemm``
     exists). None when neither has it."""
+    return home_of(module, path)[0]
+
+
+def home_of(module, path):
+    """``(object, name of the module that holds it)`` for ``module.path`` as
+    :func:`resolve_call` finds it: in ``module``, or for FlashInfer's package in its top
+    level; ``(None, None)`` when neither has it. A reproducer imports it from there."""
     for namespace in (module, PACKAGE if _in_package(module) else None):
         obj = sys.modules.get(namespace) if namespace else None
         for part in path.split(".") if obj is not None else ():
@@ -272,8 +310,8 @@ def _module_level(module, path):
             if obj is None:
                 break
         if obj is not None:
-            return obj
-    return None
+            return obj, namespace
+    return None, None
 
 
 def _find_class(module, owner_path, name, patterns, where):
@@ -335,6 +373,7 @@ def resolve_call(module, name, patterns, where):
     LookupError
         FlashInfer's package (as installed) has no such API at all.
     """
+    check_names(module, name, where)
     _check_module(module, patterns, where)
     owner_path, _, attr = name.rpartition(".")
     if owner_path:
@@ -354,8 +393,9 @@ def resolve_call(module, name, patterns, where):
     raise _not_registered(module, name, where)
 
 
-def resolve_enum(class_path, patterns, field):
-    """The ``enum.Enum`` subclass a dump names as ``module.Qualname``, found statically.
+def locate_enum(class_path, patterns, field):
+    """The ``enum.Enum`` subclass a dump names as ``module.Qualname``, found statically,
+    with where it was found: ``(cls, module name, path inside the module)``.
 
     The module part must be an allowed module that is already imported (for FlashInfer's
     package, its top-level name stands in, as for APIs); the class is read from
@@ -368,7 +408,12 @@ def resolve_enum(class_path, patterns, field):
     """
     if not isinstance(class_path, str):
         raise ReplayRefused(
-            f"{field}: enum 'class' {class_path!r} is not a string naming an enum class"
+            f"{field}: enum 'class' {_quoted(class_path)} is not a string naming an enum class"
+        )
+    if not dotted_name(class_path):
+        raise ReplayRefused(
+            f"{field}: enum 'class' {_quoted(class_path)} is not a dotted name of ASCII "
+            "identifiers naming an enum class; enums are rebuilt only from allowed modules"
         )
     parts = class_path.split(".")
     seen_allowed = False
@@ -377,10 +422,10 @@ def resolve_enum(class_path, patterns, field):
         if not module_allowed(module, patterns):
             continue
         seen_allowed = True
-        obj = _module_level(module, ".".join(parts[split:]))
+        obj, home = home_of(module, ".".join(parts[split:]))
         if isinstance(obj, type) and issubclass(obj, enum.Enum):
             if module_allowed(obj.__module__, patterns):
-                return obj
+                return obj, home, ".".join(parts[split:])
     if not seen_allowed:
         module = class_path.rpartition(".")[0] or class_path
         raise ReplayRefused(
@@ -393,3 +438,25 @@ def resolve_enum(class_path, patterns, field):
         f"allowed module; to allow it, import its module before replaying (reading a dump "
         f"imports nothing)"
     )
+
+
+def resolve_enum(class_path, patterns, field):
+    """The ``enum.Enum`` subclass a dump names as ``module.Qualname`` (see
+    :func:`locate_enum`)."""
+    return locate_enum(class_path, patterns, field)[0]
+
+
+def enum_member(cls, name, value):
+    """The member of enum class ``cls`` called ``name``, else the one whose value equals
+    ``value``; read from ``__members__``, None when there is none."""
+    members = cls.__members__
+    member = members.get(name) if isinstance(name, str) else None
+    if member is not None:
+        return member
+    for member in members.values():
+        try:
+            if member.value == value:
+                return member
+        except Exception:  # noqa: BLE001 - an odd __eq__ of a member value is no match
+            continue
+    return None

@@ -8,17 +8,16 @@ with the recording. Level-10 dumping is suspended process-wide while a replay ru
 import contextlib
 import math
 import os
-import re
 import traceback
 
 import torch
 
-from . import _C, registry
+from . import _C, jit_args, registry
+from . import record as rec
 from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
 
 __all__ = ["replay_from_dump", "replay_sequence", "suspended_dumps"]
 
-_NESTED_KEY = re.compile(r"__(\d+|key_\d+|value_\d+)$")
 _EXACT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -57,18 +56,15 @@ def _load_tensors(dump_dir, stem, record, key_list_name, device):
     return {key: _to_device(t, device) for key, t in tensors.items()}, path
 
 
-# ------------------------------------------------------------------------ decoding
+# ------------------------------------------------------------------------ building
 
-# Highest arg_{i} / result_{i} index accepted: the list of positions is built densely.
-_MAX_INDEX = 4096
-_INDEXED_KEY = re.compile(r"(arg|result)_([0-9]{1,9})")
 _DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
-class _Decoder:
-    """Turns JSON-encoded values (docs/dump-format.md#value-encoding) back into objects, never importing or calling
-    anything a dump names: dtypes come from a fixed table, enums from
-    :func:`registry.resolve_enum`, devices from ``torch.device(str)``."""
+class _Builder:
+    """Turns the decoded record tree (``record.Value``) back into objects, never
+    importing or calling anything a dump names: dtypes come from a fixed table, enums
+    from :func:`registry.resolve_enum`, devices from ``torch.device(str)``."""
 
     def __init__(self, tensors, device, where, patterns):
         self.tensors = tensors
@@ -79,53 +75,35 @@ class _Decoder:
     def error(self, field, problem):
         return ValueError(f"{self.where}: {field}: {problem}")
 
-    def decode(self, value, field):
-        """Encodings of objects that cannot be rebuilt (``{"type", "repr"}``, e.g. the
-        ``self`` placeholder) are returned unchanged, as FlashInfer's replay does. The
-        recursion is bounded by ``dumpdir.MAX_DEPTH``, checked when records are read."""
-        if isinstance(value, list):
-            return [self.decode(v, f"{field}[{i}]") for i, v in enumerate(value)]
-        if not isinstance(value, dict) or "type" not in value:
-            return value
-        kind = value["type"]
-        if kind == "torch.Tensor":
-            return self.tensor(value, field)
-        if kind == "torch.dtype":
-            return self.dtype(value.get("value"), field)
-        if kind == "torch.device":
-            return self.torch_device(value.get("value"), field)
-        if kind == "enum":
+    def build(self, value, field):
+        """Encodings of objects that cannot be rebuilt (``record.Opaque``, e.g. the
+        ``self`` placeholder) are returned as read, as FlashInfer's replay does."""
+        if isinstance(value, rec.Plain):
+            return value.value
+        if isinstance(value, rec.TensorRef):
+            if not isinstance(value.key, str) or value.key not in self.tensors:
+                raise self.error(field, f"tensor {value.key!r} is not in the tensor file")
+            return self.tensors[value.key]
+        if isinstance(value, rec.DType):
+            return self.dtype(value, field)
+        if isinstance(value, rec.Device):
+            return self.torch_device(value.text, field)
+        if isinstance(value, rec.EnumRef):
             return self.enum(value, field)
-        if kind in ("list", "tuple"):
-            items = [
-                self.decode(v, f"{field}[{i}]") for i, v in enumerate(self.items(value, field))
-            ]
-            return tuple(items) if kind == "tuple" else items
-        if kind == "dict":
+        if isinstance(value, rec.Sequence):
+            items = [self.build(v, f"{field}[{i}]") for i, v in enumerate(value.items)]
+            return tuple(items) if value.kind == "tuple" else items
+        if isinstance(value, rec.Mapping):
             return self.mapping(value, field)
-        return value
+        return value.raw
 
-    def items(self, value, field):
-        items = value.get("items", [])
-        if not isinstance(items, list):
-            raise self.error(field, f"'items' is a JSON {type(items).__name__}, expected a list")
-        return items
-
-    def tensor(self, value, field):
-        tensor_key = value.get("tensor_key", field)
-        if not isinstance(tensor_key, str) or tensor_key not in self.tensors:
-            raise self.error(field, f"tensor {tensor_key!r} is not in the tensor file")
-        return self.tensors[tensor_key]
-
-    def dtype(self, text, field):
-        dtype = _DTYPES.get(f"torch.{str(text).rpartition('.')[2]}")
+    def dtype(self, value, field):
+        dtype = _DTYPES.get(f"torch.{value.name}")
         if dtype is None:
-            raise self.error(field, f"unknown torch dtype {text!r}")
+            raise self.error(field, f"unknown torch dtype {value.text!r}")
         return dtype
 
     def torch_device(self, text, field):
-        if not isinstance(text, str):
-            raise self.error(field, f"torch.device value {text!r} is not a string")
         try:
             recorded = torch.device(text)
         except (RuntimeError, ValueError):
@@ -135,86 +113,34 @@ class _Decoder:
         return self.device if recorded.type != self.device.type else recorded
 
     def enum(self, value, field):
-        cls = registry.resolve_enum(value.get("class"), self.patterns, f"{self.where}: {field}")
-        members = cls.__members__
-        member = members.get(str(value.get("name", "")).rpartition(".")[2])
-        if member is not None:
-            return member
-        for member in members.values():
-            if member.value == value.get("value"):
-                return member
-        raise self.error(field, f"{value.get('class')} has no member {value.get('name')!r}")
+        cls = registry.resolve_enum(value.class_path, self.patterns, f"{self.where}: {field}")
+        member = registry.enum_member(cls, value.member, value.value)
+        if member is None:
+            raise self.error(field, f"{value.class_path} has no member {value.member!r}")
+        return member
 
     def mapping(self, value, field):
         out = {}
-        for i, item in enumerate(self.items(value, field)):
-            if not isinstance(item, dict) or "key" not in item or "value" not in item:
-                raise self.error(f"{field}[{i}]", "dict item is not a {key, value} object")
-            key = self.decode(item["key"], f"{field}[{i}].key")
-            value = self.decode(item["value"], f"{field}[{i}].value")
+        for i, (key, item) in enumerate(value.items):
+            key = self.build(key, f"{field}[{i}].key")
             try:
-                out[key] = value
+                out[key] = self.build(item, f"{field}[{i}].value")
             except TypeError:
                 raise self.error(f"{field}[{i}].key", "dict key is not hashable") from None
         return out
 
 
-def _index(key, prefix):
-    """i for a ``{prefix}_{i}`` key, None for other keys; an index too large is an error."""
-    match = _INDEXED_KEY.fullmatch(key)
-    if match is None or match.group(1) != prefix:
-        return None
-    index = int(match.group(2))
-    if index >= _MAX_INDEX:
-        raise ValueError(f"{key}: position {index} is beyond the {_MAX_INDEX} accepted")
-    return index
+def _build_args(arguments, builder):
+    """``(args, kwargs)`` of a call from its decoded ``record.Arguments``."""
+    args = [None if p is None else builder.build(p[1], p[0]) for p in arguments.positional]
+    kwargs = {name: builder.build(value, key) for name, key, value in arguments.keywords}
+    return args, kwargs
 
 
-def _build_args(metadata, decoder):
-    """Rebuild ``(args, kwargs)`` from ``input_metadata`` and the input tensors."""
-    encoded = dict(metadata)
-    for key in decoder.tensors:
-        if not _NESTED_KEY.search(key):
-            encoded.setdefault(key, {"type": "torch.Tensor", "tensor_key": key})
-    positional, kwargs = {}, {}
-    for key, value in encoded.items():
-        if key in decoder.tensors:
-            value = {"type": "torch.Tensor", "tensor_key": key}
-        try:
-            index = _index(key, "arg")
-        except ValueError as exc:
-            raise decoder.error("input_metadata", exc) from None
-        if index is not None:
-            positional[index] = decoder.decode(value, key)
-        elif key.startswith("kwarg_"):
-            kwargs[key[6:]] = decoder.decode(value, key)
-    count = max(positional) + 1 if positional else 0
-    return [positional.get(i) for i in range(count)], kwargs
-
-
-def _expected_result(metadata, decoder):
+def _expected_result(metadata, builder, where):
     """The recorded return value, from ``output_metadata`` and the output tensors."""
-    tensors = decoder.tensors
-    if "result" in tensors:
-        return tensors["result"]
-    marker = metadata.get("result")
-    # A returned tuple is recorded as {"type": "tuple", "length": n} plus result_{i} keys.
-    if "result" in metadata and not (
-        isinstance(marker, dict) and "length" in marker and "items" not in marker
-    ):
-        return decoder.decode(marker, "result")
-    items = {}
-    for key in list(metadata) + list(tensors):
-        try:
-            index = _index(key, "result")
-        except ValueError as exc:
-            raise decoder.error("output_metadata", exc) from None
-        if index is not None:
-            value = {"type": "torch.Tensor", "tensor_key": key} if key in tensors else metadata[key]
-            items[index] = decoder.decode(value, key)
-    if not items:
-        return None
-    return tuple(items.get(i) for i in range(max(items) + 1))
+    value = rec.decode_result(metadata, builder.tensors, where)
+    return None if value is None else builder.build(value, "result")
 
 
 # ---------------------------------------------------------------------- comparison
@@ -319,33 +245,40 @@ def suspended_dumps():
         _C.resume_dumps()
 
 
-def _prepare_call(record, args, kwargs, objects, patterns, where):
+def _prepare_call(record, args, kwargs, objects, patterns, where, allow_jit_args=False):
     """Resolve the recorded function through the registry; return a no-argument callable
     running it.
 
     Only registered ``@flashinfer_api`` objects of allowed modules are reached (see
     ``registry``). Methods go through the shared object registry ``objects``:
     ``Cls.__init__`` builds and registers the object, ``Cls.method`` runs on the
-    registered one with the ``self`` placeholder (``args[0]``) dropped.
+    registered one with the ``self`` placeholder (``args[0]``) dropped. Arguments that
+    reach FlashInfer's JIT are refused unless ``allow_jit_args`` (``jit_args``).
     """
     module_name, name = record.get("module"), record.get("function_name")
     if not module_name or not name:
         raise ValueError(f"{where}: record has no 'module'/'function_name' to replay")
     target = registry.resolve_call(module_name, name, patterns, where)
+
+    def checked(function, call_args):
+        if not allow_jit_args:
+            jit_args.check_arguments(function, call_args, kwargs, where)
+        return lambda: function(*call_args, **kwargs)
+
     if target[0] == "function":
-        function = target[1]
-        return lambda: function(*args, **kwargs)
+        return checked(target[1], args)
     _, cls, attr = target
     key = (record.get("process_id"), record.get("self_id"))
     if attr == "__init__":
+        build = checked(cls, args[1:])
 
         def construct():
-            objects[key] = cls(*args[1:], **kwargs)
+            objects[key] = build()
 
         return construct
     if record.get("self_id") is None:
         function = registry.verified_method(cls, attr, patterns, module_name, name, where)
-        return lambda: function(*args, **kwargs)
+        return checked(function, args)
     if key not in objects:
         raise LookupError(
             f"{where}: no {cls.__name__} object for {name} (process_id={key[0]}, "
@@ -354,7 +287,7 @@ def _prepare_call(record, args, kwargs, objects, patterns, where):
     obj = objects[key]
     # The object may be of another class than the one the record names: check its own.
     method = registry.verified_method(type(obj), attr, patterns, module_name, name, where, obj)
-    return lambda: method(*args[1:], **kwargs)
+    return checked(method, args[1:])
 
 
 def _resolve_device(device):
@@ -372,6 +305,7 @@ def replay_from_dump(
     rtol=1e-3,
     atol=1e-3,
     allow_modules=None,
+    allow_jit_args=False,
 ):
     """Load one level-10 dump and optionally run it again.
 
@@ -400,6 +334,10 @@ def replay_from_dump(
     allow_modules : str or list of str, optional
         Module name patterns (fnmatch; a name also allows its submodules) whose
         registered APIs and enums may be replayed, besides ``flashinfer``.
+    allow_jit_args : bool
+        Run a call whose arguments reach FlashInfer's JIT compiler (``jit_args`` and the
+        others of ``jit_args.AUDIT``, or text where a number belongs); refused by
+        default, as they are code or paths rather than data (docs/security.md).
 
     Returns
     -------
@@ -422,34 +360,33 @@ def replay_from_dump(
     dump_dir = os.fspath(dump_dir)
     device = _resolve_device(device)
     patterns = registry.allowed_patterns(allow_modules)
-    record = read_metadata(dump_dir)[-1]
+    last = read_metadata(dump_dir)[-1]
     where = os.path.join(dump_dir, METADATA_FILE)
-    status = record.get("execution_status")
+    status = last.get("execution_status")
     with suspended_dumps():
         if run:
             registry.import_allowed(allow_modules)
-        tensors, _ = _load_tensors(dump_dir, "inputs", record, "input_tensor_keys", device)
-        decoder = _Decoder(tensors, device, where, patterns)
-        args, kwargs = _build_args(record.get("input_metadata") or {}, decoder)
-        result = {"args": args, "kwargs": kwargs, "metadata": record}
+        tensors, _ = _load_tensors(dump_dir, "inputs", last, "input_tensor_keys", device)
+        arguments = rec.decode_inputs(last.get("input_metadata") or {}, tensors, where)
+        builder = _Builder(tensors, device, where, patterns)
+        args, kwargs = _build_args(arguments, builder)
+        result = {"args": args, "kwargs": kwargs, "metadata": last}
         if status == "inputs_saved":
             result["incomplete"] = True
         expected = None
         if compare_outputs:
-            out_tensors, _ = _load_tensors(
-                dump_dir, "outputs", record, "output_tensor_keys", device
-            )
-            expected_metadata = record.get("output_metadata") or {}
+            out_tensors, _ = _load_tensors(dump_dir, "outputs", last, "output_tensor_keys", device)
+            expected_metadata = last.get("output_metadata") or {}
             result["expected_tensors"] = out_tensors
             result["expected_metadata"] = expected_metadata
             expected = _expected_result(
-                expected_metadata, _Decoder(out_tensors, device, where, patterns)
+                expected_metadata, _Builder(out_tensors, device, where, patterns), where
             )
         if not run:
             return result
         if object_registry is None:
             object_registry = {}
-        call = _prepare_call(record, args, kwargs, object_registry, patterns, where)
+        call = _prepare_call(last, args, kwargs, object_registry, patterns, where, allow_jit_args)
         try:
             value = call()
         except Exception as exc:  # noqa: BLE001 - the replayed call may raise anything
@@ -457,7 +394,7 @@ def replay_from_dump(
         else:
             result["execution_result"] = value
         if compare_outputs and status in ("completed", "exception"):
-            _judge(result, record, expected, rtol, atol)
+            _judge(result, last, expected, rtol, atol)
     return result
 
 
@@ -494,11 +431,20 @@ def _judge(result, record, expected, rtol, atol):
 # ------------------------------------------------------------------------ sequence
 
 
-def replay_entry(path, records, objects, device=None, rtol=1e-3, atol=1e-3, allow_modules=None):
+def replay_entry(
+    path,
+    records,
+    objects,
+    device=None,
+    rtol=1e-3,
+    atol=1e-3,
+    allow_modules=None,
+    allow_jit_args=False,
+):
     """Replay one dump of a sequence; never raises (failures become ``{"error"}``).
 
-    ``objects`` is the object registry shared by the sequence; ``allow_modules`` as in
-    :func:`replay_from_dump`.
+    ``objects`` is the object registry shared by the sequence; ``allow_modules`` and
+    ``allow_jit_args`` as in :func:`replay_from_dump`.
     """
     last = records[-1] if records else {}
     incomplete = last.get("execution_status") == "inputs_saved"
@@ -512,6 +458,7 @@ def replay_entry(path, records, objects, device=None, rtol=1e-3, atol=1e-3, allo
             rtol=rtol,
             atol=atol,
             allow_modules=allow_modules,
+            allow_jit_args=allow_jit_args,
         )
     except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
         result = {
@@ -524,7 +471,14 @@ def replay_entry(path, records, objects, device=None, rtol=1e-3, atol=1e-3, allo
 
 
 def replay_sequence(
-    root_dir, device=None, rtol=1e-3, atol=1e-3, include=None, exclude=None, allow_modules=None
+    root_dir,
+    device=None,
+    rtol=1e-3,
+    atol=1e-3,
+    include=None,
+    exclude=None,
+    allow_modules=None,
+    allow_jit_args=False,
 ):
     """Replay every dump under ``root_dir`` in call order with one object registry.
 
@@ -542,6 +496,8 @@ def replay_sequence(
     allow_modules : str or list of str, optional
         Module patterns whose registered APIs may be replayed besides ``flashinfer``
         (see :func:`replay_from_dump`).
+    allow_jit_args : bool
+        As in :func:`replay_from_dump`.
 
     Returns
     -------
@@ -561,7 +517,7 @@ def replay_sequence(
     registry.import_allowed(allow_modules)
     objects = {}
     return [
-        replay_entry(path, records, objects, device, rtol, atol, allow_modules)
+        replay_entry(path, records, objects, device, rtol, atol, allow_modules, allow_jit_args)
         for path, records in ordered_dumps(root_dir, include, exclude)
     ]
 

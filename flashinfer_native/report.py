@@ -20,7 +20,7 @@ from datetime import datetime
 from . import _C, dumpdir
 from .calls import parse_timestamp, session_calls
 
-__all__ = ["write_report"]
+__all__ = ["render_report", "write_report"]
 
 STATUS_COLOURS = {
     "completed": "#2e7d32",
@@ -65,28 +65,18 @@ def _timing(call):
 
 
 def _triggers(root):
-    """Trigger markers of ``session.jsonl``: the ring recorder's ``record_type: "trigger"``
-    records (they name the triggering call's ``dump_dir``), and records that are not a
-    call's own line (no ``dump_dir``) with a ``trigger`` key or
-    ``execution_status: "trigger"``."""
-    path = os.path.join(root, "session.jsonl")
+    """Trigger markers of ``session.jsonl`` (read by ``dumpdir.read_session``, with its
+    bounds): the ring recorder's ``record_type: "trigger"`` records (they name the
+    triggering call's ``dump_dir``), and records that are not a call's own line (no
+    ``dump_dir``) with a ``trigger`` key or ``execution_status: "trigger"``."""
+    session = dumpdir.read_session(root)
     found = []
-    if not os.path.isfile(path):
-        return found
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and (
-                record.get("record_type") == "trigger"
-                or (
-                    "dump_dir" not in record
-                    and ("trigger" in record or record.get("execution_status") == "trigger")
-                )
-            ):
-                found.append(record)
+    for _, record in session.records if session else ():
+        if record.get("record_type") == "trigger" or (
+            "dump_dir" not in record
+            and ("trigger" in record or record.get("execution_status") == "trigger")
+        ):
+            found.append(record)
     return found
 
 
@@ -327,34 +317,9 @@ details { margin: 6px 0; }
 """
 
 
-def write_report(root, out, replay_json=None, max_calls=200):
-    """Write the HTML report of a recorded session.
-
-    Parameters
-    ----------
-    root : str or os.PathLike
-        A dump root (or one dump directory).
-    out : str or os.PathLike
-        The HTML file to write.
-    replay_json : str, optional
-        The report of ``flashinfer replay --json`` for the same session.
-    max_calls : int
-        Calls whose tensors (statistics, histograms) are detailed; the timeline and
-        the call table always show every call.
-
-    Returns
-    -------
-    dict
-        ``path``, ``calls``, ``detailed``, ``statuses`` (count per display status),
-        ``triggers``.
-
-    Raises
-    ------
-    FileNotFoundError
-        ``root`` does not exist.
-    ValueError
-        ``replay_json`` is not a replay report.
-    """
+def render_report(root, replay_json=None, max_calls=200):
+    """The HTML page of :func:`write_report` and its summary (``calls``, ``detailed``,
+    ``statuses``, ``triggers``), without writing anything."""
     root = os.fspath(root)
     calls = session_calls(root)
     timings = [_timing(c) for c in calls]
@@ -395,12 +360,43 @@ def write_report(root, out, replay_json=None, max_calls=200):
 {f"<p>{more} more calls are not detailed (raise --max-calls).</p>" if more else ""}
 </body></html>
 """
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(page)
-    return {
-        "path": os.path.abspath(out),
+    return page, {
         "calls": len(calls),
         "detailed": min(len(calls), max_calls),
         "statuses": dict(statuses),
         "triggers": len(triggers),
     }
+
+
+def write_report(root, out, replay_json=None, max_calls=200):
+    """Write the HTML report of a recorded session.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        A dump root (or one dump directory).
+    out : str or os.PathLike
+        The HTML file to write.
+    replay_json : str, optional
+        The report of ``flashinfer replay --json`` for the same session.
+    max_calls : int
+        Calls whose tensors (statistics, histograms) are detailed; the timeline and
+        the call table always show every call.
+
+    Returns
+    -------
+    dict
+        ``path``, ``calls``, ``detailed``, ``statuses`` (count per display status),
+        ``triggers``.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``root`` does not exist.
+    ValueError
+        ``replay_json`` is not a replay report, or the session cannot be read.
+    """
+    page, summary = render_report(root, replay_json, max_calls)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(page)
+    return {"path": os.path.abspath(out), **summary}

@@ -8,14 +8,18 @@ object (same ``process_id`` and ``self_id``) before the call. The script compare
 result with the recorded outputs, or the raised exception with the recorded one, and
 exits 1 on a mismatch.
 
-Exporting only reads the dump: nothing it names is imported or called here. Every name
-written into the script (module, function, class, enum member, dtype) must be a plain
-Python identifier and every value a literal, so a hostile dump cannot inject code; the
-generated script imports the recorded API by name, which its user runs knowingly.
+The script calls only what replay would call (docs/security.md): the record is decoded
+by ``record.decode_inputs`` as replay decodes it, its APIs and enums are resolved
+through the same allow-list (``registry``: registered ``@flashinfer_api`` objects of
+allowed modules, ``flashinfer`` plus ``allow_modules``) and refused with replay's own
+message. Every name written into the script is the name of an object found there, every
+value a literal (strings through ``ascii``), and dump text in comments is printable
+ASCII without quotes: no text of the dump becomes code. Exporting imports only the
+allowed modules and calls nothing the dump names.
 """
 
 import fnmatch
-import keyword
+import inspect
 import os
 import re
 import shutil
@@ -23,10 +27,14 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 
-from . import _C, dumpdir
-from .calls import session_calls
+import torch
 
-__all__ = ["export_repro", "parse_signature"]
+from . import _C, dumpdir, jit_args, registry
+from . import record as rec
+from .calls import session_calls
+from .record import dotted_name
+
+__all__ = ["export_repro", "parse_signature", "reproducer"]
 
 # inspect.Parameter kinds, by name
 POSITIONAL_ONLY = "positional_only"
@@ -43,7 +51,8 @@ PLAN_METHODS = ("plan", "begin_forward")
 # shipping their recorded bytes (often hundreds of MB).
 WORKSPACE_PARAMETERS = ("*workspace*",)
 
-_NESTED_KEY = re.compile(r"__(\d+|key_\d+|value_\d+)$")
+_NESTED_KEY = rec.NESTED_KEY
+_DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
 _CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
@@ -179,15 +188,15 @@ def is_workspace(name):
 
 
 def _identifier(text):
-    return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text)
+    return dotted_name(text) and "." not in text
 
 
 def _dotted(text, what):
-    """Split a dotted name whose every part is an identifier; ValueError otherwise."""
-    parts = text.split(".") if isinstance(text, str) else []
-    if not parts or not all(_identifier(p) for p in parts):
+    """Split a dotted name of ASCII identifiers; ValueError otherwise (a guard: every
+    name written comes from an object the allow-list resolved)."""
+    if not dotted_name(text):
         raise ValueError(f"{what} {text!r} is not a dotted Python name; refusing to write it")
-    return parts
+    return text.split(".")
 
 
 # Names the script defines itself; imports never shadow them.
@@ -211,6 +220,9 @@ _SCRIPT_NAMES = {
     "result",
     "wrapper",
     "exc",
+    "ok",
+    "parser",
+    "traceback",
 }
 
 
@@ -268,61 +280,97 @@ def _float_source(value):
     return repr(value)
 
 
-def _value_source(enc, tensors, var, script, where):
-    """Python source for one encoded value (docs/dump-format.md#value-encoding); tensors come from ``var[key]``."""
-    if enc is None or isinstance(enc, (bool, int, str)):
-        return repr(enc)
-    if isinstance(enc, float):
-        return _float_source(enc)
-    if isinstance(enc, list):
-        return "[" + ", ".join(_value_source(v, tensors, var, script, where) for v in enc) + "]"
-    if not isinstance(enc, dict) or "type" not in enc:
-        script.notes.append(f"{where}: unreadable recorded value {str(enc)[:80]!r}; None is passed")
+def _literal(value):
+    """Source of plain JSON data: only literals; strings through ascii() so the script
+    stays ASCII (no bidirectional or look-alike characters from the dump)."""
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, float):
+        return _float_source(value)
+    if isinstance(value, str):
+        return ascii(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{ascii(str(k))}: {_literal(v)}" for k, v in value.items()) + "}"
+    raise ValueError(f"{type(value).__name__} is no JSON value")
+
+
+class _Renderer:
+    """Source text of decoded values (``record.Value``), by the rules replay builds them
+    with: tensors by key from the loaded files, dtypes from torch's own table, enums and
+    APIs only through the allow-list (``registry``). Every name written is the name of an
+    object found there, never text of the dump."""
+
+    def __init__(self, script, patterns, tensors, scratch, var, where):
+        self.script = script
+        self.patterns = patterns
+        self.tensors = tensors
+        self.scratch = scratch
+        self.var = var
+        self.where = where
+
+    def source(self, value, field):
+        if isinstance(value, rec.Plain):
+            return _literal(value.value)
+        if isinstance(value, rec.TensorRef):
+            if value.key in self.scratch:
+                return self.scratch[value.key]
+            if not isinstance(value.key, str) or value.key not in self.tensors:
+                raise ValueError(f"{self.where}: {field}: tensor {value.key!r} is not in the file")
+            return f"{self.var}[{ascii(value.key)}]"
+        if isinstance(value, rec.DType):
+            dtype = _DTYPES.get(f"torch.{value.name}")
+            if dtype is None:
+                raise ValueError(f"{self.where}: {field}: unknown torch dtype {value.text!r}")
+            return str(dtype)
+        if isinstance(value, rec.Device):
+            try:
+                device = torch.device(value.text)
+            except (RuntimeError, ValueError):
+                raise ValueError(
+                    f"{self.where}: {field}: {value.text!r} is not a torch device"
+                ) from None
+            self.script.needs_on_device = True
+            return f"on_device({ascii(str(device))}, device)"
+        if isinstance(value, rec.EnumRef):
+            return self.enum(value, field)
+        if isinstance(value, rec.Sequence):
+            items = [self.source(v, f"{field}[{i}]") for i, v in enumerate(value.items)]
+            if value.truncated:
+                self.script.notes.append(
+                    f"{self.where}: {field}: the recorded {value.kind} was truncated to "
+                    f"{len(items)} items"
+                )
+            if value.kind == "tuple":
+                return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+            return "[" + ", ".join(items) + "]"
+        if isinstance(value, rec.Mapping):
+            pairs = [
+                f"{self.source(k, f'{field}[{i}].key')}: {self.source(v, f'{field}[{i}].value')}"
+                for i, (k, v) in enumerate(value.items)
+            ]
+            return "{" + ", ".join(pairs) + "}"
+        self.script.notes.append(
+            f"{self.where}: {field} was recorded only as its repr ({value.repr[:120]!r}); "
+            "None is passed instead"
+        )
         return "None"
-    kind = enc["type"]
-    if kind == "torch.Tensor":
-        key = enc.get("tensor_key")
-        if key not in tensors:
-            raise ValueError(f"{where}: tensor {key!r} is not in the inputs file")
-        return f"{var}[{key!r}]"
-    if kind == "torch.dtype":
-        parts = _dotted(str(enc.get("value", "")), f"{where}: dtype")
-        if len(parts) != 2 or parts[0] != "torch":
-            raise ValueError(f"{where}: dtype {enc.get('value')!r} is not a torch dtype")
-        return ".".join(parts)
-    if kind == "torch.device":
-        script.needs_on_device = True
-        return f"on_device({str(enc.get('value'))!r}, device)"
-    if kind == "enum":
-        parts = _dotted(enc.get("class"), f"{where}: enum class")
-        if len(parts) < 2:
-            raise ValueError(f"{where}: enum class {enc.get('class')!r} names no module")
-        cls = script.name_of(".".join(parts[:-1]), parts[-1])
-        member = str(enc.get("name", "")).rsplit(".", 1)[-1]
-        if _identifier(member):
-            return f"{cls}.{member}"
-        return f"{cls}({_value_source(enc.get('value'), tensors, var, script, where)})"
-    if kind in ("list", "tuple"):
-        items = [_value_source(v, tensors, var, script, where) for v in enc.get("items", [])]
-        if enc.get("truncated"):
-            script.notes.append(f"{where}: the recorded {kind} was truncated to {len(items)} items")
-        if kind == "tuple":
-            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-        return "[" + ", ".join(items) + "]"
-    if kind == "dict":
-        pairs = [
-            _value_source(item.get("key"), tensors, var, script, where)
-            + ": "
-            + _value_source(item.get("value"), tensors, var, script, where)
-            for item in enc.get("items", [])
-            if isinstance(item, dict)
-        ]
-        return "{" + ", ".join(pairs) + "}"
-    recorded = str(enc.get("repr", kind))
-    script.notes.append(
-        f"{where} was recorded only as its repr ({recorded[:120]!r}); None is passed instead"
-    )
-    return "None"
+
+    def enum(self, value, field):
+        cls, home, path = registry.locate_enum(
+            value.class_path, self.patterns, f"{self.where}: {field}"
+        )
+        member = registry.enum_member(cls, value.member, value.value)
+        if member is None:
+            raise ValueError(
+                f"{self.where}: {field}: {value.class_path} has no member {value.member!r}"
+            )
+        first, _, rest = path.partition(".")
+        name = self.script.name_of(home, first) + (f".{rest}" if rest else "")
+        if _identifier(member.name):
+            return f"{name}.{member.name}"
+        return f"{name}[{ascii(member.name)}]"
 
 
 # ------------------------------------------------------------------ call steps
@@ -374,39 +422,52 @@ def _chain(calls, target, full_chain):
     return [inits[-1], *since, target]
 
 
-def _ordered_arguments(record, tensors, scratch, script, where):
+def _parameters(function):
+    """``[(name, kind)]`` of the resolved API's own signature (never the recorded text);
+    empty when it has none to show."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return []
+    kinds = {
+        inspect.Parameter.POSITIONAL_ONLY: POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL: VAR_POSITIONAL,
+        inspect.Parameter.KEYWORD_ONLY: KEYWORD_ONLY,
+        inspect.Parameter.VAR_KEYWORD: VAR_KEYWORD,
+    }
+    return [(p.name, kinds[p.kind]) for p in signature.parameters.values()]
+
+
+def _ordered_arguments(step, target, renderer):
     """``(positional sources, [(name, source)])`` of a recorded call, named where allowed.
 
-    A source is ``(Python text, comment or None)``; tensors get their recorded dtype
-    and shape as the comment. Positional arguments become ``name=value`` when the
-    recorded signature says the parameter may be passed by keyword; any argument
-    before one that cannot be named stays positional.
+    The arguments are the record's, decoded by ``record.decode_inputs`` as replay
+    decodes them. A source is ``(Python text, comment or None)``; tensors get their
+    recorded dtype and shape as the comment. Positional arguments become
+    ``name=value`` when the API's own signature says the parameter may be passed by
+    keyword; any argument before one that cannot be named stays positional.
     """
-    encoded = dict(record.get("input_metadata") or {})
-    for key in [*tensors, *scratch]:
-        if not _NESTED_KEY.search(key):
-            encoded[key] = {"type": "torch.Tensor", "tensor_key": key}
+    record = step.record
+    arguments = rec.decode_inputs(
+        record.get("input_metadata") or {}, [*step.inputs, *step.scratch], renderer.where
+    )
     details = record.get("tensor_details") or {}
-    positional, keywords = {}, {}
-    for key, value in encoded.items():
-        if key.startswith("arg_") and key[4:].isdigit():
-            positional[int(key[4:])] = (value, key)
-        elif key.startswith("kwarg_"):
-            keywords[key[6:]] = (value, key)
+    keywords = {name: (key, value) for name, key, value in arguments.keywords}
 
-    def source(value, key):
-        if key in scratch:
-            return scratch[key], "workspace: made afresh, its recorded bytes are not needed"
-        text = _value_source(value, tensors, "inputs", script, f"{where}: {key}")
+    def source(key, value):
+        if key in step.scratch:
+            return step.scratch[key], "workspace: made afresh, its recorded bytes are not needed"
+        text = renderer.source(value, key)
         info = details.get(key)
-        if key in tensors and isinstance(info, dict):
+        if key in step.inputs and isinstance(info, dict):
             shape = tuple(info.get("shape") or ())
             return text, _safe_text(f"{info.get('dtype')} {shape}")
         return text, None
 
-    start = 1 if _is_method(record) else 0
-    count = max(positional) + 1 if positional else 0
-    params = parse_signature(record.get("function_signature")) or []
+    start = 1 if target.drops_self else 0
+    count = len(arguments.positional)
+    params = target.parameters
     names = []
     for i in range(start, count):
         name, kind = params[i] if i < len(params) else (None, None)
@@ -415,11 +476,11 @@ def _ordered_arguments(record, tensors, scratch, script, where):
     names = [None] * (last_unnamed + 1) + names[last_unnamed + 1 :]
     args, kwargs = [], []
     for name, i in zip(names, range(start, count)):
-        value, key = positional.get(i, (None, f"arg_{i}"))
+        key, value = arguments.positional[i] or (f"arg_{i}", rec.Plain(None))
         if name is None:
-            args.append(source(value, key))
+            args.append(source(key, value))
         else:
-            kwargs.append((name, source(value, key)))
+            kwargs.append((name, source(key, value)))
     order = {name: n for n, (name, _) in enumerate(params)}
     for name in sorted(keywords, key=lambda k: order.get(k, len(order))):
         kwargs.append((name, source(*keywords[name])))
@@ -434,7 +495,7 @@ def _call_lines(callee, args, kwargs, assign, indent):
         return [head + ")"]
     items = list(args)
     for name, (text, comment) in kwargs:
-        text = f"{name}={text}" if _identifier(name) else f"**{{{name!r}: {text}}}"
+        text = f"{name}={text}" if _identifier(name) else f"**{{{ascii(name)}: {text}}}"
         items.append((text, comment))
     lines = [head]
     for text, comment in items:
@@ -452,67 +513,112 @@ def _pretty_time(stamp):
     return str(stamp)
 
 
-def _step_source(step, total, script, is_target):
+@dataclass
+class _Target:
+    """What one recorded call reaches, resolved through the allow-list: the expression
+    naming the callee in the script and the API's own parameters."""
+
+    callee: str
+    assign_wrapper: bool  # a wrapper's __init__: the object is built
+    drops_self: bool  # args[0] is the recorded ``self`` placeholder
+    parameters: list
+    function: object  # what replay calls: its signature names the arguments
+    first: int  # the first recorded position ``function`` takes
+
+
+def _resolve(record, script, patterns, where):
+    """The recorded ``module`` + ``function_name`` resolved as replay resolves them
+    (``registry.resolve_call``: registered ``@flashinfer_api`` objects of allowed modules,
+    refused with replay's own message otherwise); the script names the object by the
+    module that holds it."""
+    module, name = record.get("module"), record.get("function_name")
+    if not module or not name:
+        raise ValueError(f"{where}: record has no 'module'/'function_name' to reproduce")
+    target = registry.resolve_call(module, name, patterns, where)
+    if target[0] == "function":
+        home = registry.home_of(module, name)[1] or module
+        parameters = _parameters(target[1])
+        return _Target(script.name_of(home, name), False, False, parameters, target[1], 0)
+    _, cls, attr = target
+    owner_path = name.rpartition(".")[0]
+    home = registry.home_of(module, owner_path)[1] or module
+    first, _, rest = owner_path.partition(".")
+    cls_name = script.name_of(home, first) + (f".{rest}" if rest else "")
+    method = registry.verified_method(cls, attr, patterns, module, name, where)
+    parameters = _parameters(method)
+    if attr == "__init__":
+        return _Target(cls_name, True, True, parameters, cls, 1)
+    if record.get("self_id") is not None:
+        return _Target(f"wrapper.{attr}", False, True, parameters, method, 0)
+    return _Target(f"{cls_name}.{attr}", False, False, parameters, method, 0)
+
+
+def _shadow(value):
+    """A decoded value as the JIT check (``jit_args.check_arguments``) sees it: plain
+    data as itself, containers of their items, anything else (a tensor, dtype, enum) as
+    an object that holds no text."""
+    if isinstance(value, rec.Plain):
+        return value.value
+    if isinstance(value, rec.Sequence):
+        return [_shadow(v) for v in value.items]
+    if isinstance(value, rec.Mapping):
+        return {i: _shadow(v) for i, (_, v) in enumerate(value.items)}
+    if isinstance(value, rec.Opaque):
+        return value.raw
+    return object()
+
+
+def _check_jit_arguments(step, target, where):
+    """Refuse, as replay does, arguments that reach FlashInfer's JIT (docs/security.md)."""
+    record = step.record
+    arguments = rec.decode_inputs(record.get("input_metadata") or {}, step.inputs, where)
+    args = [None if p is None else _shadow(p[1]) for p in arguments.positional]
+    kwargs = {name: _shadow(value) for name, _, value in arguments.keywords}
+    jit_args.check_arguments(target.function, args[target.first :], kwargs, where)
+
+
+def _step_source(step, total, script, is_target, patterns, allow_jit_args=False):
     """Source lines of one step inside ``main()``; the target's result goes to ``result``."""
-    record, api = step.record, step.call.api
-    where = f"{step.call.dir_name}"
-    module = record.get("module")
-    parts = _dotted(api, "function_name")
+    record = step.record
+    where = os.path.join(step.call.path, dumpdir.METADATA_FILE)
+    target = _resolve(record, script, patterns, where)
+    if not allow_jit_args:
+        _check_jit_arguments(step, target, where)
     what = "the call reproduced" if is_target else "rebuilds the object"
     lines = [
-        f"    # Step {step.number} of {total}: {api} ({what}; recorded "
+        f"    # Step {step.number} of {total}: {_safe_text(step.call.api)} ({what}; recorded "
         f"{_safe_text(_pretty_time(step.call.timestamp))})"
     ]
     if step.inputs:
         lines.append(f'    inputs = load("{step.label}_inputs", device)')
-    args, kwargs = _ordered_arguments(record, step.inputs, step.scratch, script, where)
-    if _is_method(record):
-        cls = script.name_of(module, parts[0])
-        if parts[-1] == "__init__":
-            callee, assign = cls, "wrapper"
-        else:
-            callee, assign = f"wrapper.{parts[-1]}", "result" if is_target else None
+    renderer = _Renderer(script, patterns, step.inputs, step.scratch, "inputs", where)
+    args, kwargs = _ordered_arguments(step, target, renderer)
+    if target.assign_wrapper:
+        assign = "wrapper"
     else:
-        callee = script.name_of(module, parts[0])
-        if len(parts) > 1:
-            callee += "." + ".".join(parts[1:])
         assign = "result" if is_target else None
     exception = record.get("exception") if record.get("execution_status") == "exception" else None
     if is_target and exception is not None:
         lines.append("    try:")
-        lines += _call_lines(callee, args, kwargs, assign, 8)
+        lines += _call_lines(target.callee, args, kwargs, assign, 8)
         lines.append("    except Exception as exc:  # the recording raised: so should this")
         lines.append(
-            f"        return check_exception(exc, {str(exception.get('type'))!r}, "
-            f"{str(exception.get('message'))!r})"
+            f"        return check_exception(exc, {ascii(str(exception.get('type')))}, "
+            f"{ascii(str(exception.get('message')))})"
         )
         return lines
-    return lines + _call_lines(callee, args, kwargs, assign, 4)
+    return lines + _call_lines(target.callee, args, kwargs, assign, 4)
 
 
-def _expected_source(record, tensors, script):
+def _expected_source(record, tensors, script, patterns, where):
     """Source of the recorded return value, from output_metadata and outputs.pt keys."""
-    meta = record.get("output_metadata") or {}
-    where = "recorded output"
-    if "result" in tensors:
-        return "outputs['result']"
-    marker = meta.get("result")
-    if "result" in meta and not (
-        isinstance(marker, dict) and "length" in marker and "items" not in marker
-    ):
-        return _value_source(marker, tensors, "outputs", script, where)
-    items = {}
-    for key in list(meta) + list(tensors):
-        if key.startswith("result_") and key[7:].isdigit():
-            enc = {"type": "torch.Tensor", "tensor_key": key} if key in tensors else meta[key]
-            items[int(key[7:])] = _value_source(enc, tensors, "outputs", script, where)
-    if not items:
+    value = rec.decode_result(record.get("output_metadata") or {}, tensors, where)
+    if value is None:
         return "None"
-    values = [items.get(i, "None") for i in range(max(items) + 1)]
-    return "(" + ", ".join(values) + ("," if len(values) == 1 else "") + ")"
+    return _Renderer(script, patterns, tensors, {}, "outputs", where).source(value, "result")
 
 
-def _ending(target, record, outputs, script):
+def _ending(target, record, outputs, script, patterns):
     """The lines after the target call: compare with the recording, return the exit status."""
     status = record.get("execution_status")
     if status == "exception":
@@ -521,7 +627,7 @@ def _ending(target, record, outputs, script):
             "FAIL: the call returned normally; the recording raised "
             f"{exc.get('type')}: {exc.get('message')}"
         )
-        return [f"    print({message!r})", "    return 1"]
+        return [f"    print({ascii(message)})", "    return 1"]
     if status != "completed" or record.get("outputs_skipped"):
         why = (
             f"its outputs were not recorded ({record['outputs_skipped']})"
@@ -529,13 +635,15 @@ def _ending(target, record, outputs, script):
             else "the recording holds no outcome of this call"
         )
         message = f"The call returned; {why}, so there is nothing to compare with."
-        return [f"    print({message!r})", "    return 0"]
-    if target.call.api.endswith(".__init__") and _is_method(record):
+        return [f"    print({ascii(message)})", "    return 0"]
+    if target.call.api.endswith(".__init__"):
         return ['    print("PASS: the object was constructed as recorded")', "    return 0"]
     lines = []
     if outputs:
         lines.append(f'    outputs = load("{target.label}_outputs", device)')
-    lines.append(f"    expected = {_expected_source(record, outputs, script)}")
+    where = os.path.join(target.call.path, dumpdir.METADATA_FILE)
+    expected = _expected_source(record, outputs, script, patterns, where)
+    lines.append(f"    expected = {expected}")
     script.needs_compare = True
     lines.append('    ok = compare("result", result, expected, args.rtol, args.atol)')
     lines.append(
@@ -681,16 +789,16 @@ def _docstring(steps, record, device, rtol, atol):
     return "\n".join(_safe_text(line, 400) for line in lines)
 
 
-def _script_source(steps, outputs, device, rtol, atol):
+def _script_source(steps, outputs, device, rtol, atol, patterns, allow_jit_args=False):
     script = _Script()
     body = []
     for step in steps:
-        body += _step_source(step, len(steps), script, step is steps[-1])
+        body += _step_source(step, len(steps), script, step is steps[-1], patterns, allow_jit_args)
         body.append("")
     record = steps[-1].record
     if record.get("execution_status") == "exception":
         body.pop()
-    body += _ending(steps[-1], record, outputs, script)
+    body += _ending(steps[-1], record, outputs, script, patterns)
     helpers = [_HELPERS_LOAD]
     if script.needs_on_device:
         helpers.append(_HELPERS_ON_DEVICE)
@@ -718,14 +826,14 @@ def _script_source(steps, outputs, device, rtol, atol):
         "",
         "def main():",
         '    parser = argparse.ArgumentParser(description=__doc__.split("\\n")[0])',
-        f'    parser.add_argument("--device", default={device!r}, help="where to run (default: %(default)s)")',
+        f'    parser.add_argument("--device", default={ascii(device)}, help="where to run (default: %(default)s)")',
         f'    parser.add_argument("--rtol", type=float, default={rtol!r}, help="relative tolerance")',
         f'    parser.add_argument("--atol", type=float, default={atol!r}, help="absolute tolerance")',
         "    args = parser.parse_args()",
         "    device = torch.device(args.device)",
         '    if device.type == "cuda" and not torch.cuda.is_available():',
         '        sys.exit("CUDA is not available here; run with --device cpu")',
-        f'    print(f"Reproducing {steps[-1].call.api} on {{device}}")',
+        f"    print({ascii('Reproducing ' + steps[-1].call.api + ' on')}, device)",
         "",
         *notes,
         *body,
@@ -837,7 +945,47 @@ def _prepare_destination(out, tar):
     return out, os.path.basename(out)
 
 
-def export_repro(dump_dir, out, device=None, tar=False, rtol=1e-3, atol=1e-3, full_chain=False):
+def reproducer(
+    dump_dir,
+    device=None,
+    rtol=1e-3,
+    atol=1e-3,
+    full_chain=False,
+    allow_modules=None,
+    allow_jit_args=False,
+):
+    """The reproducer of one recorded call, before anything is written (parameters as
+    :func:`export_repro`): ``(steps, outputs, source, notes)``, the chain of calls with
+    their loaded inputs, the target's recorded outputs, the script's text and the notes
+    on arguments it cannot rebuild. Only reads: the fuzz target of the exporter
+    (tests/fuzz/fuzz_repro.py) checks every script it makes."""
+    patterns = registry.allowed_patterns(allow_modules)
+    registry.import_allowed(allow_modules)
+    calls, target = _target_call(dump_dir)
+    chain = _chain(calls, target, full_chain)
+    steps = [_step(n, call) for n, call in enumerate(chain, 1)]
+    record = target.record
+    outputs = {}
+    if record.get("execution_status") == "completed" and not record.get("outputs_skipped"):
+        outputs = _load_step_tensors(target, "outputs", "output_tensor_keys")
+    device = device or _recorded_device(record)
+    source, notes = _script_source(
+        steps, outputs, str(device), rtol, atol, patterns, allow_jit_args
+    )
+    return steps, outputs, source, notes
+
+
+def export_repro(
+    dump_dir,
+    out,
+    device=None,
+    tar=False,
+    rtol=1e-3,
+    atol=1e-3,
+    full_chain=False,
+    allow_modules=None,
+    allow_jit_args=False,
+):
     """Write a self-contained reproducer of one recorded call.
 
     Parameters
@@ -857,6 +1005,13 @@ def export_repro(dump_dir, out, device=None, tar=False, rtol=1e-3, atol=1e-3, fu
     full_chain : bool
         Replay every call made on the wrapper object since its ``__init__`` instead of
         only its latest ``plan``.
+    allow_modules : str or list of str, optional
+        Module patterns whose registered APIs and enums the script may call, besides
+        ``flashinfer``: the same allow-list as replay (``replay_from_dump``); their
+        modules are imported first, never a module the dump names.
+    allow_jit_args : bool
+        Write a call whose arguments reach FlashInfer's JIT compiler; refused by
+        default, as replay refuses it (``jit_args``, docs/security.md).
 
     Returns
     -------
@@ -866,22 +1021,20 @@ def export_repro(dump_dir, out, device=None, tar=False, rtol=1e-3, atol=1e-3, fu
 
     Raises
     ------
+    ReplayRefused
+        The dump names a function, class or enum that replay would refuse (a
+        ``ValueError``; the message is replay's, saying how to allow it).
     FileNotFoundError, ValueError
-        Missing or unreadable dump, a wrapper method without its ``__init__`` dump, a
-        name in the dump that is not a Python identifier.
+        Missing or unreadable dump, a wrapper method without its ``__init__`` dump.
+    ImportError
+        A module of ``allow_modules`` cannot be imported.
     FileExistsError
         ``out`` exists (and is not an empty folder).
     """
-    calls, target = _target_call(dump_dir)
-    chain = _chain(calls, target, full_chain)
     destination, folder_name = _prepare_destination(out, tar)
-    steps = [_step(n, call) for n, call in enumerate(chain, 1)]
-    record = target.record
-    outputs = {}
-    if record.get("execution_status") == "completed" and not record.get("outputs_skipped"):
-        outputs = _load_step_tensors(target, "outputs", "output_tensor_keys")
-    device = device or _recorded_device(record)
-    source, notes = _script_source(steps, outputs, str(device), rtol, atol)
+    steps, outputs, source, notes = reproducer(
+        dump_dir, device, rtol, atol, full_chain, allow_modules, allow_jit_args
+    )
     os.makedirs(os.path.dirname(destination), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".repro-", dir=os.path.dirname(destination))
     try:

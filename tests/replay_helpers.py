@@ -82,6 +82,14 @@ def slow_identity(x, seconds=60.0):
 
 
 @flashinfer_api
+def pad_rows(x, multiple: int = 8):
+    """``x`` with zero rows added up to a multiple of ``multiple`` rows: an int-annotated
+    parameter, like those FlashInfer formats into its JIT module names."""
+    extra = -x.shape[0] % multiple
+    return torch.cat([x, x.new_zeros((extra, *x.shape[1:]))])
+
+
+@flashinfer_api
 def dumps_suspended_now():
     """Whether level-10 dumping is suspended while this call runs."""
     return _C.dumps_suspended()

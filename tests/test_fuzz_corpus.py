@@ -8,6 +8,7 @@ import sys
 import zipfile
 
 import pytest
+import torch
 
 from flashinfer_native import _C
 
@@ -15,6 +16,7 @@ FUZZ = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz")
 sys.path.insert(0, FUZZ)
 
 import fuzz_dumptree  # noqa: E402
+import fuzz_repro  # noqa: E402
 
 
 def read(path):
@@ -60,22 +62,74 @@ def replay_dumptree(tmp_path, data):
     fuzz_dumptree.test_one_input(data, str(tmp_path / "root"))
 
 
+_VOCABULARY = {}
+
+
+def replay_repro(tmp_path, data):
+    """The exporter's target: every script it makes holds only allowed names."""
+    import flashinfer  # noqa: F401
+    from flashinfer_native import registry
+
+    if not _VOCABULARY:
+        _VOCABULARY["names"] = fuzz_repro.learn_vocabulary(str(tmp_path / "vocabulary"))
+    sys.addaudithook(fuzz_dumptree._Guard.hook)
+    patterns = registry.allowed_patterns(fuzz_repro.ALLOW)
+    fuzz_repro.test_one_input(data, str(tmp_path / "root"), _VOCABULARY["names"], patterns)
+
+
 REPLAY = {
     "pt": replay_pt,
     "pickle": replay_pickle,
     "safetensors": replay_safetensors,
     "json": replay_json,
     "dumptree": replay_dumptree,
+    "repro": replay_repro,
 }
+# The exporter's target starts from the dump-tree seeds.
+SEEDS = {"repro": "dumptree"}
 CASES = [
-    pytest.param(target, os.path.join(FUZZ, kind, target, name), id=f"{kind}/{target}/{name}")
+    pytest.param(target, os.path.join(FUZZ, kind, folder, name), id=f"{kind}/{target}/{name}")
     for kind in ("corpus", "regressions")
     for target in REPLAY
-    if os.path.isdir(os.path.join(FUZZ, kind, target))
-    for name in sorted(os.listdir(os.path.join(FUZZ, kind, target)))
+    for folder in [SEEDS.get(target, target) if kind == "corpus" else target]
+    if os.path.isdir(os.path.join(FUZZ, kind, folder))
+    for name in sorted(os.listdir(os.path.join(FUZZ, kind, folder)))
 ]
 
 
 @pytest.mark.parametrize("target, path", CASES)
 def test_fuzz_input_is_read_cleanly(tmp_path, target, path):
     REPLAY[target](tmp_path, read(path))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "import subprocess",
+        "from os import system",
+        "from builtins import exec",
+        "from replay_helpers import TouchOnInit",
+        "exec('1')",
+        "os.popen('x')",
+        "__import__('os')",
+        "wrapper.touch('x')",
+    ],
+)
+def test_exporter_target_fails_on_a_name_that_is_not_allowed(tmp_path, line):
+    import flashinfer  # noqa: F401
+    from flashinfer_native import registry
+    from flashinfer_native.repro import reproducer
+
+    if not _VOCABULARY:
+        _VOCABULARY["names"] = fuzz_repro.learn_vocabulary(str(tmp_path / "vocabulary"))
+    patterns = registry.allowed_patterns(fuzz_repro.ALLOW)
+    writer = __import__("replay_helpers").DumpWriter(tmp_path / "dumps")
+    wrapper = writer.construct(__import__("replay_helpers").SegmentSumWrapper, torch.zeros(4))
+    writer.method(wrapper, "plan", torch.tensor([0, 1]), 1.0)
+    source = reproducer(writer.dirs[-1], allow_modules=fuzz_repro.ALLOW)[2]
+    fuzz_repro.check_script(source, _VOCABULARY["names"], patterns)  # the clean one passes
+    anchor = "    args = parser.parse_args()\n"
+    body = source.replace(anchor, f"{anchor}    {line}\n", 1)
+    assert body != source
+    with pytest.raises(fuzz_repro.BadScript):
+        fuzz_repro.check_script(body, _VOCABULARY["names"], patterns)

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from flashinfer.__main__ import cli
-from flashinfer_native import dumpdir
+from flashinfer_native import dumpdir, record
 from flashinfer_native.replay import replay_from_dump
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +144,7 @@ def test_dumps_skips_a_session_line_nested_100k_deep(writer, root):
 
 
 def test_session_line_longer_than_the_bound_is_skipped_and_reported(writer, root, monkeypatch):
-    monkeypatch.setattr(dumpdir, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(record, "MAX_LINE_BYTES", 1000)
     writer.call(h.scale_add, 1.0, 2.0)
     with open(root / "session.jsonl", "a") as f:
         f.write(json.dumps({"function_name": "x" * 5000}) + "\n")
@@ -175,7 +175,7 @@ def test_session_line_of_64_mib_is_never_held_in_memory(tmp_path):
 
 def test_metadata_line_longer_than_the_bound_is_an_error(writer, monkeypatch):
     writer.call(h.scale_add, 1.0, 2.0)
-    monkeypatch.setattr(dumpdir, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(record, "MAX_LINE_BYTES", 100)
     with pytest.raises(ValueError, match=r"metadata\.jsonl: line 1 is longer than 100 bytes"):
         dumpdir.read_metadata(writer.dirs[0])
 
@@ -183,7 +183,7 @@ def test_metadata_line_longer_than_the_bound_is_an_error(writer, monkeypatch):
 def test_metadata_file_larger_than_the_bound_is_an_error(writer, monkeypatch):
     writer.call(h.scale_add, 1.0, 2.0)
     size = os.path.getsize(os.path.join(writer.dirs[0], "metadata.jsonl"))
-    monkeypatch.setattr(dumpdir, "MAX_METADATA_BYTES", size - 1)
+    monkeypatch.setattr(record, "MAX_METADATA_BYTES", size - 1)
     with pytest.raises(ValueError, match=rf"metadata file is larger than {size - 1} bytes"):
         dumpdir.read_metadata(writer.dirs[0])
 

@@ -85,7 +85,9 @@ PyDoc_STRVAR(tensor_difference_doc,
              "How CPU tensor a differs from the reference b (same shape and real dtype), in\n"
              "one pass over their memory: (max_abs, max_rel, mismatched). max_rel is taken\n"
              "where b is not 0; mismatched counts elements outside atol + rtol * |b|, as\n"
-             "torch.isclose(equal_nan=True) in double precision; integers and bool bit for bit.");
+             "torch.isclose(equal_nan=True) in double precision; integers and bool bit for bit.\n"
+             "A dimension broadcast (stride 0) in both is read once; a and b both holding\n"
+             "more elements than their storage (overlapping views) are refused (ValueError).");
 
 static PyObject *py_tensor_difference(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -113,6 +115,14 @@ static PyObject *py_tensor_difference(PyObject *module, PyObject *args, PyObject
                      fi_dtype_name(a.dtype));
         return NULL;
     }
+    /* The walk is bounded by the bytes that exist: numel may exceed one side's storage (a
+     * broadcast against its copy) but not both. */
+    int64_t repeat = fi_elements_collapse(&a, &b, &numel);
+    if (fi_elements_within_storage(pa, &a, numel, "tensor_difference: a") < 0) {
+        PyErr_Clear();
+        if (fi_elements_within_storage(pb, &b, numel, "tensor_difference: a and b") < 0)
+            return NULL;
+    }
     fi_difference d;
     if (numel >= DIFFERENCE_NOGIL_ELEMENTS) {
         Py_BEGIN_ALLOW_THREADS
@@ -121,7 +131,7 @@ static PyObject *py_tensor_difference(PyObject *module, PyObject *args, PyObject
     } else {
         fi_tensor_difference(&a, &b, rtol, atol, &d);
     }
-    return Py_BuildValue("(ddL)", d.max_abs, d.max_rel, (long long)d.mismatched);
+    return Py_BuildValue("(ddL)", d.max_abs, d.max_rel, (long long)(d.mismatched * repeat));
 }
 
 static PyMethodDef difference_methods[] = {

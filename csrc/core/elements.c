@@ -182,3 +182,101 @@ int fi_elements_from_py(PyObject *tensor, const char *what, fi_tensor *t, int64_
     }
     return 0;
 }
+
+int64_t fi_elements_collapse(fi_tensor *a, fi_tensor *b, int64_t *numel)
+{
+    int64_t repeat = 1;
+    for (int i = 0; i < a->ndim; i++) {
+        if (a->shape[i] > 1 && a->stride[i] == 0 && (!b || b->stride[i] == 0)) {
+            repeat *= a->shape[i]; /* a factor of numel, which fits in int64 */
+            a->shape[i] = 1;
+            if (b)
+                b->shape[i] = 1;
+        }
+    }
+    *numel /= repeat;
+    return repeat;
+}
+
+/* storage.nbytes() - storage_offset * itemsize of a tensor: the bytes a view may read. */
+static int stored_bytes(PyObject *tensor, const fi_tensor *t, int64_t *out)
+{
+    PyObject *storage = PyObject_CallMethodNoArgs(tensor, fi_names.untyped_storage);
+    PyObject *nbytes = storage ? PyObject_CallMethodNoArgs(storage, fi_names.nbytes) : NULL;
+    PyObject *offset = nbytes ? PyObject_CallMethodNoArgs(tensor, fi_names.storage_offset) : NULL;
+    Py_XDECREF(storage);
+    long long n = nbytes ? PyLong_AsLongLong(nbytes) : -1;
+    long long off = offset ? PyLong_AsLongLong(offset) : -1;
+    Py_XDECREF(nbytes);
+    Py_XDECREF(offset);
+    if (PyErr_Occurred())
+        return -1;
+    long long esize = (long long)fi_dtype_size(t->dtype);
+    *out = off >= 0 && off <= n / (esize ? esize : 1) ? n - off * esize : 0;
+    return 0;
+}
+
+int fi_elements_within_storage(PyObject *tensor, const fi_tensor *t, int64_t numel,
+                               const char *what)
+{
+    int64_t bytes, esize = (int64_t)fi_dtype_size(t->dtype);
+    if (numel == 0 || esize == 0)
+        return 0;
+    if (stored_bytes(tensor, t, &bytes) < 0)
+        return -1;
+    if (numel <= bytes / esize)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: a view of %lld elements over %lld stored elements (overlapping strides) "
+                 "is not walked: triage reads each stored element once",
+                 what, (long long)numel, (long long)(bytes / esize));
+    return -1;
+}
+
+/* tensor.as_strided(shape, stride) of t's (collapsed) sizes: a new reference or NULL. */
+static PyObject *as_strided(PyObject *tensor, const fi_tensor *t)
+{
+    PyObject *shape = PyTuple_New(t->ndim), *stride = PyTuple_New(t->ndim);
+    for (int i = 0; shape && stride && i < t->ndim; i++) {
+        PyObject *n = PyLong_FromLongLong(t->shape[i]), *s = PyLong_FromLongLong(t->stride[i]);
+        if (!n || !s) {
+            Py_XDECREF(n);
+            Py_XDECREF(s);
+            Py_CLEAR(shape);
+            break;
+        }
+        PyTuple_SET_ITEM(shape, i, n);
+        PyTuple_SET_ITEM(stride, i, s);
+    }
+    PyObject *view =
+        shape && stride ? PyObject_CallMethod(tensor, "as_strided", "OO", shape, stride) : NULL;
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    return view;
+}
+
+int fi_elements_distinct_view(PyObject *tensor, const char *what, PyObject **view, int64_t *repeat)
+{
+    fi_tensor t;
+    int64_t numel;
+    *view = NULL;
+    *repeat = 1;
+    if (!fi_is_tensor(tensor))
+        return 0; /* the caller reports what is not a tensor */
+    if (fi_tensor_meta_from_py(tensor, &t) < 0)
+        return -1;
+    if (t.device_type != FI_DEVICE_CPU || fi_dtype_size(t.dtype) == 0)
+        return 0;       /* statistics read neither other devices' memory nor unknown dtypes */
+    t.data = (void *)1; /* layout_fits asks for data only of a non-empty tensor */
+    if (!layout_fits(&t, &numel)) {
+        PyErr_Format(PyExc_ValueError, "%s: unreadable %s tensor with %d dimensions", what,
+                     fi_dtype_name(t.dtype), t.ndim);
+        return -1;
+    }
+    *repeat = fi_elements_collapse(&t, NULL, &numel);
+    if (fi_elements_within_storage(tensor, &t, numel, what) < 0)
+        return -1;
+    if (*repeat > 1 && !(*view = as_strided(tensor, &t)))
+        return -1;
+    return 0;
+}

@@ -32,4 +32,21 @@ void fi_elements_walk(const fi_tensor *a, const fi_tensor *b, fi_row_fn row, voi
  * exception (TypeError/ValueError naming what, the caller's function) otherwise. */
 int fi_elements_from_py(PyObject *tensor, const char *what, fi_tensor *t, int64_t *numel);
 
+/* Bounded work per tensor (docs/security.md): the triage readers walk each stored element
+ * once. Dimensions of stride 0 (a broadcast) in a, and in b too when b is not NULL, become
+ * size 1; returns the product of their sizes (how often each element walked stands for
+ * itself, by which counts are multiplied) and updates *numel. */
+int64_t fi_elements_collapse(fi_tensor *a, fi_tensor *b, int64_t *numel);
+
+/* 0 when the numel elements of t fit in the bytes of tensor's storage after its offset;
+ * else -1 with ValueError naming what (overlapping strides would be walked more than once
+ * per stored element). */
+int fi_elements_within_storage(PyObject *tensor, const fi_tensor *t, int64_t numel,
+                               const char *what);
+
+/* For a CPU tensor: *view, a new reference to tensor with its stride-0 dimensions
+ * collapsed (NULL when none is), *repeat as fi_elements_collapse, the result checked by
+ * fi_elements_within_storage. Other devices: *view NULL, *repeat 1. -1 with an exception. */
+int fi_elements_distinct_view(PyObject *tensor, const char *what, PyObject **view, int64_t *repeat);
+
 #endif

@@ -102,7 +102,9 @@ PyDoc_STRVAR(tensor_histogram_doc,
              "place, any strides: a dict with counts (bins equal bins), lo and hi (the range\n"
              "binned; default the finite min and max), nan and inf (elements left out) and\n"
              "outside (finite elements outside an explicit range). None for an empty tensor\n"
-             "or a dtype without real values (complex, packed fp4).");
+             "or a dtype without real values (complex, packed fp4). A broadcast dimension\n"
+             "(stride 0) is read once and counted as often as it repeats; other views\n"
+             "holding more elements than their storage are refused (ValueError).");
 
 static PyObject *py_tensor_histogram(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -134,6 +136,9 @@ static PyObject *py_tensor_histogram(PyObject *module, PyObject *args, PyObject 
         return NULL;
     if (numel == 0 || !fi_element_loader(t.dtype))
         Py_RETURN_NONE;
+    int64_t repeat = fi_elements_collapse(&t, NULL, &numel);
+    if (fi_elements_within_storage(tensor, &t, numel, "tensor_histogram") < 0)
+        return NULL;
     fi_histogram *h = PyMem_Malloc(sizeof(*h));
     if (!h)
         return PyErr_NoMemory();
@@ -144,6 +149,11 @@ static PyObject *py_tensor_histogram(PyObject *module, PyObject *args, PyObject 
     } else {
         fi_histogram_compute(&t, nbins, lo, hi, h);
     }
+    for (int i = 0; i < nbins; i++)
+        h->counts[i] *= repeat;
+    h->nan *= repeat;
+    h->inf *= repeat;
+    h->outside *= repeat;
     PyObject *r = histogram_to_python(h, nbins);
     PyMem_Free(h);
     return r;

@@ -2,6 +2,8 @@
  * one, the CUDA one for float dtypes, else torch ops), the log text, the Python functions. */
 #include "stats.h"
 
+#include "elements.h"
+
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -603,14 +605,26 @@ PyDoc_STRVAR(tensor_stats_doc,
              "tensor_stats(tensor, /)\n--\n\n"
              "Level-5 statistics of a tensor: None for empty tensors and dtypes without\n"
              "statistics (and during CUDA graph capture), else a dict with min, max, mean,\n"
-             "nan_count, inf_count (floating dtypes) or min, max (ints), mean (integers, bool).");
+             "nan_count, inf_count (floating dtypes) or min, max (ints), mean (integers, bool).\n"
+             "A CPU view is read once per stored element: broadcast dimensions (stride 0)\n"
+             "once, counted as often as they repeat; a view overlapping otherwise beyond its\n"
+             "storage is refused (ValueError).");
 
 static PyObject *py_tensor_stats(PyObject *module, PyObject *tensor)
 {
     (void)module;
     fi_stats st;
-    if (fi_stats_of_tensor(tensor, &st) < 0)
+    PyObject *view;
+    int64_t repeat;
+    /* a dump's broadcast view is read once per stored element (docs/security.md) */
+    if (fi_elements_distinct_view(tensor, "tensor_stats", &view, &repeat) < 0)
         return NULL;
+    int r = fi_stats_of_tensor(view ? view : tensor, &st);
+    Py_XDECREF(view);
+    if (r < 0)
+        return NULL;
+    st.nan_count *= repeat;
+    st.inf_count *= repeat;
     return stats_to_python(&st);
 }
 

@@ -277,12 +277,35 @@ static int needs_restore(const fi_loaded_tensor *lt, uint64_t span_bytes)
     return !same && lt->data_nbytes > 0 && span_bytes <= 16 * lt->data_nbytes + 4096;
 }
 
+/* The FI_VIEW_* bound: elements of the view against the elements its storage holds. */
+static int view_justified(const char *path, const fi_loaded_tensor *lt, uint64_t numel)
+{
+    size_t isz = fi_dtype_size(lt->dtype);
+    uint64_t stored = lt->data_nbytes / (isz ? isz : 1);
+    if (numel <= stored)
+        return 0;
+    uint64_t allowed = stored > (FI_VIEW_MAX_ELEMENTS - FI_VIEW_FREE_ELEMENTS) / FI_VIEW_REPEAT
+                           ? FI_VIEW_MAX_ELEMENTS
+                           : stored * FI_VIEW_REPEAT + FI_VIEW_FREE_ELEMENTS;
+    if (numel <= allowed)
+        return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: tensor %R: a view of %llu elements over a storage of %llu elements is "
+                 "refused (a view may repeat stored elements up to %llu times plus %llu, and "
+                 "hold at most %llu elements)",
+                 path, lt->key, (unsigned long long)numel, (unsigned long long)stored,
+                 FI_VIEW_REPEAT, FI_VIEW_FREE_ELEMENTS, FI_VIEW_MAX_ELEMENTS);
+    return -1;
+}
+
 int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e)
 {
     size_t isz = fi_dtype_size(lt->dtype);
     uint64_t nbytes, span;
     if (fi_view_bytes(path, lt->key, lt->dtype, lt->ndim, lt->shape, lt->stride, &nbytes, &span) <
         0)
+        return -1;
+    if (view_justified(path, lt, nbytes / (isz ? isz : 1)) < 0)
         return -1;
     memset(e, 0, sizeof(*e));
     if (lt->contiguous_in_file) {

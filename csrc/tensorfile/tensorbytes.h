@@ -74,6 +74,15 @@ void fi_loaded_tensors_free(fi_loaded_tensor *ts, size_t count);
 typedef struct {
     uint64_t offset, nbytes, restore_bytes;
 } fi_extent;
+
+/* Bounded work per tensor (docs/security.md): a view may show a stored element more than
+ * once (a broadcast has stride 0), but its elements may exceed its storage's by at most
+ * FI_VIEW_REPEAT times plus FI_VIEW_FREE_ELEMENTS, and never FI_VIEW_MAX_ELEMENTS. A
+ * stride-0 view of 2^40 elements over 32 bytes would keep every reader of it busy for
+ * hours. */
+#define FI_VIEW_REPEAT 64ULL
+#define FI_VIEW_FREE_ELEMENTS (1ULL << 24)
+#define FI_VIEW_MAX_ELEMENTS (1ULL << 34)
 int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e);
 
 /* Copies the contiguous row-major elements src of lt into their strided places in dst. */

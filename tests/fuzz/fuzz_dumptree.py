@@ -4,9 +4,11 @@ One input is a small archive of a dump tree: parts introduced by a line ``@@ NAM
 where NAME is ``session.jsonl`` (the root's) or ``D/FILE`` with D one of ``a b c`` (three
 dump directories) and FILE one of ``metadata.jsonl``, ``inputs.pt``,
 ``inputs.safetensors``, ``outputs.pt``, ``outputs.safetensors``. The tree is written to
-a scratch directory and read the way ``flashinfer dumps`` and ``replay_from_dump(...,
-run=False)`` read it: session summary, call order, every dump's records, tensors and
-arguments (enums and all).
+a scratch directory and read the way ``flashinfer dumps``, ``replay_from_dump(...,
+run=False)``, ``flashinfer diff``, ``flashinfer report`` and ``flashinfer repro`` read it:
+session summary, call order, every dump's records, tensors and arguments (enums and
+all), tensor differences and statistics, the report's page and each reproducer's text
+(nothing is written).
 
 What counts as a failure (besides a crash under the sanitizers):
 - any exception other than the documented ``OSError`` / ``ValueError`` (a readable
@@ -63,10 +65,11 @@ class _Guard:
     """The audit hook: armed only while the readers run."""
 
     armed = False
+    allowed = set()  # events a consumer needs (the exporter compiles its script)
 
     @classmethod
     def hook(cls, event, args):
-        if not cls.armed:
+        if not cls.armed or event in cls.allowed:
             return
         if event in FORBIDDEN_EVENTS:
             cls.fail(f"{event} {args!r:.200}")
@@ -178,8 +181,11 @@ def custom_mutator(data, max_size, seed):
 
 
 def read_tree(root):
-    """What a reader of an untrusted dump tree does; only OSError/ValueError may escape."""
-    from flashinfer_native import dumpdir, replay
+    """What the consumers of an untrusted dump tree do: ``dumps`` (the session summary),
+    replay's loading, ``diff`` (the tree against itself), ``report`` (the page, not
+    written) and the ``repro`` exporter (the script, not written); only OSError /
+    ValueError (and LookupError from the exporter) may escape."""
+    from flashinfer_native import diff, dumpdir, replay, report, repro
 
     try:
         dumpdir.summarize_session(root)
@@ -191,6 +197,24 @@ def read_tree(root):
         except EXPECTED:
             continue
         replay.classify(result)
+    try:
+        for _ in diff.diff_sessions(root, root)[1]:
+            pass
+    except EXPECTED:
+        pass
+    try:
+        report.render_report(root)
+    except EXPECTED:
+        pass
+    _Guard.allowed = {"compile"}
+    try:
+        for path in dumpdir.find_dump_dirs(root):
+            try:
+                repro.reproducer(path, allow_modules=["replay_helpers"])
+            except EXPECTED + (LookupError,):
+                pass
+    finally:
+        _Guard.allowed = set()
 
 
 def scratch_root():
@@ -199,8 +223,24 @@ def scratch_root():
     return tempfile.mkdtemp(prefix="fuzz_dumptree_", dir=base)
 
 
+def import_consumers():
+    """Import what the consumers need before the guard is armed (already done, under
+    instrumentation, when atheris runs the target)."""
+    import _strptime  # noqa: F401 - datetime.strptime imports it on first use (report)
+
+    import flashinfer_native.diff  # noqa: F401
+    import flashinfer_native.report  # noqa: F401
+    import flashinfer_native.repro  # noqa: F401
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    import replay_helpers  # noqa: F401 - the module the exporter is told to allow
+
+
 def test_one_input(data, root):
     """Unpack ``data`` into ``root`` and read it with the guard armed."""
+    import_consumers()
     shutil.rmtree(root, ignore_errors=True)
     os.mkdir(root)
     unpack(data, root)
@@ -209,6 +249,7 @@ def test_one_input(data, root):
         read_tree(root)
     finally:
         _Guard.armed = False
+        _Guard.allowed = set()
 
 
 def main():
@@ -217,6 +258,8 @@ def main():
     # flashinfer (whose enums dumps may name) imports the readers: both are instrumented.
     with atheris.instrument_imports(include=["flashinfer_native", "flashinfer"]):
         import flashinfer  # noqa: F401
+
+        import_consumers()
 
     root = scratch_root()
     sys.addaudithook(_Guard.hook)
