@@ -4,7 +4,7 @@ A dump is untrusted input. Everything a consumer takes from ``metadata.jsonl`` a
 ``session.jsonl`` passes through here once: the bounded line reader, the JSON types and
 numeric ranges of the record's fields, the grammar of its keys (``arg_{i}``,
 ``kwarg_{name}``, ``result_{i}``, nested ``{parent}__{i}``) and of the names it carries,
-and the decoding of the recorded values (docs/format.md) into :class:`Value` nodes.
+and the decoding of the recorded values (docs/dump-format.md) into :class:`Value` nodes.
 ``replay`` builds objects from that tree, ``repro`` renders source from it; neither
 reads the JSON encoding itself, so both apply the same bounds.
 
