@@ -317,7 +317,9 @@ class _Renderer:
             if value.key in self.scratch:
                 return self.scratch[value.key]
             if not isinstance(value.key, str) or value.key not in self.tensors:
-                raise ValueError(f"{self.where}: {field}: tensor {value.key!r} is not in the file")
+                raise ValueError(
+                    f"{self.where}: {field}: tensor {value.key!r} is not in the tensor file"
+                )
             return f"{self.var}[{ascii(value.key)}]"
         if isinstance(value, rec.DType):
             dtype = _DTYPES.get(f"torch.{value.name}")
