@@ -14,9 +14,9 @@ import torch
 
 from . import _kernels
 
-_KV_LAYOUTS = ("NHD", "HND")
-_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA")
-_HEAD_DIMS = (64, 128, 256)
+# the rules of the C entry point (csrc/ops/ops_attention.c), not repeated here
+_KV_LAYOUTS = _kernels.KV_LAYOUTS
+_POS_ENCODING_MODES = _kernels.POS_ENCODING_MODES
 _DTYPES_BY_NAME = {
     "float16": torch.float16,
     "half": torch.float16,
@@ -44,17 +44,16 @@ def _check_choice(name, value, accepted):
     return value
 
 
-def _check_head_dim(name, head_dim):
-    if head_dim not in _HEAD_DIMS:
-        raise ValueError(f"{name}: head_dim {head_dim} is not supported; accepted: 64, 128, 256")
-
-
-def _check_heads(num_qo_heads, num_kv_heads):
-    if num_kv_heads < 1 or num_qo_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_kv_heads: {num_kv_heads} does not divide num_qo_heads {num_qo_heads}; "
-            "accepted: a divisor of num_qo_heads"
-        )
+def _check_plan(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, kv_layout, pos_encoding_mode):
+    """The plan's sizes and names against the kernels' rules (raised by the C side)."""
+    _kernels.check_attention_plan(
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        head_dim_qk if head_dim_vo is None else head_dim_vo,
+        kv_layout,
+        pos_encoding_mode,
+    )
 
 
 def _as_dtype(name, value):
@@ -192,7 +191,13 @@ def _attention(q, k, v, out, lse, qo_indptr, kv_indptr, cache=None, **kwargs):
 
 
 def _common_kwargs(
-    kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+    kv_layout,
+    pos_encoding_mode="NONE",
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
 ):
     return dict(
         kv_layout=_check_choice("kv_layout", kv_layout, _KV_LAYOUTS),
@@ -312,6 +317,7 @@ class _Plan:
     v_indptr: torch.Tensor | None = None
     o_indptr: torch.Tensor | None = None
     kv_chunk: int = 0
+    head_dim_vo: int | None = None  # None: head_dim
     device_copies: dict = field(default_factory=dict)
 
     @property
@@ -439,12 +445,25 @@ def _check_same_lengths(name, value, lengths):
         )
 
 
-def _planned(wrapper, args):
-    """The wrapper's plan for run(), which takes no extra positional arguments."""
-    _no_extra_args(args)
+def _planned(wrapper, args, q=None):
+    """(plan, per-head FP8 scales) for run(): extra positional arguments are only
+    FlashInfer's fa3 ``run(q, ..., scale_q, scale_k, scale_v)`` of a float8 q."""
     if wrapper._plan is None:
         raise RuntimeError("run: plan() must be called before run()")
-    return wrapper._plan
+    if _is_float8(q) and len(args) >= 3:
+        return wrapper._plan, _head_scales(*args[:3])
+    _no_extra_args(args)
+    return wrapper._plan, {}
+
+
+def _is_float8(t):
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _head_scales(scale_q, scale_k, scale_v):
+    """The kernel's per-head FP8 scales (float32 [heads] or [1] tensors) of a float8 q."""
+    scales = {"q_head_scale": scale_q, "k_head_scale": scale_k, "v_head_scale": scale_v}
+    return {k: v for k, v in scales.items() if v is not None}
 
 
 def _check_planned_q(plan, q, want, sizes):
@@ -455,11 +474,12 @@ def _check_planned_q(plan, q, want, sizes):
     _check_planned_dtype("q", q, plan.q_dtype, "q_data_type")
 
 
-def _run_outputs(q, out, lse, return_lse, dtype, lse_layout="NH"):
+def _run_outputs(q, out, lse, return_lse, dtype, lse_layout="NH", head_dim_vo=None):
     """(out, lse view the kernel writes [rows, heads], lse to return) for run(): the given
     ones checked, else new; lse only when wanted. lse_layout "HN" keeps lse as the
     contiguous [heads, rows] FlashInfer returns; the kernel writes it through a view."""
-    out = _output("out", out, q.shape, dtype, q.device)
+    shape = q.shape if head_dim_vo is None else (q.shape[0], q.shape[1], head_dim_vo)
+    out = _output("out", out, shape, dtype, q.device)
     if not (return_lse or lse is not None):
         return out, None, None
     rows, heads = q.shape[0], q.shape[1]
@@ -545,6 +565,13 @@ def _refuse_run_extras(
     _refuse_unless("uses_spcompress", uses_spcompress, (None, False), "None or False")
 
 
+def _out_dtype(planned, q):
+    """The output dtype: the planned one, else q's (float16 for a float8 q, as fa3 does)."""
+    if planned is not None:
+        return planned
+    return torch.float16 if _is_float8(q) else q.dtype
+
+
 def _run_planned(plan, q, k, v, out, lse, v_scale, kw, **extras):
     """Runs the kernel on a plan (its index arrays, mask and split hint) into out and lse;
     extras are run()'s own kernel arguments (sinks, k_sf, v_sf)."""
@@ -569,6 +596,39 @@ def _run_planned(plan, q, k, v, out, lse, v_scale, kw, **extras):
         **extras,
         **kw,
     )
+
+
+class _WrapperBase:
+    """What FlashInfer's three batch wrappers share beyond plan() and run(): the settings
+    ``__init__`` keeps, the ``*_return_lse`` forms and the deprecated ``forward``."""
+
+    @property
+    def is_cuda_graph_enabled(self):
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
+        """Accepted for compatibility (the kernels need no workspace)."""
+        self._float_workspace_buffer = float_workspace_buffer
+
+    def end_forward(self):
+        """Deprecated in FlashInfer; no effect."""
+
+    def _forward(self, run_args, return_lse, settings):
+        """The deprecated forward(): settings replace the plan's, then run()."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("forward: plan() must be called before forward()")
+        causal = settings.pop("causal", None)
+        settings.pop("use_fp16_qk_reduction", None)
+        scales = {k: settings.pop(k) for k in ("q_scale", "k_scale", "v_scale") if k in settings}
+        plan.settings = _common_kwargs(self._kv_layout, **settings)
+        if causal is not None and plan.mask is None:
+            plan.causal = bool(causal)
+        return self.run(*run_args, return_lse=return_lse, **scales)
+
+    def run_return_lse(self, *args, **kwargs):
+        """run() with ``return_lse=True``: (out, lse)."""
+        return self.run(*args, return_lse=True, **kwargs)
 
 
 def _deprecated_positional(api_name, args, names, kwargs):

@@ -9,9 +9,8 @@ import warnings
 import torch
 
 from ._attention_common import (
-    _check_head_dim,
-    _check_heads,
     _check_page_size,
+    _check_plan,
     _check_planned_q,
     _common_kwargs,
     _deprecated_positional,
@@ -19,6 +18,7 @@ from ._attention_common import (
     _init_wrapper,
     _kv_scales,
     _not_implemented,
+    _out_dtype,
     _page_table,
     _paged_kv,
     _Plan,
@@ -33,6 +33,7 @@ from ._attention_common import (
     _scale_value,
     _single_kwargs,
     _split_hint,
+    _WrapperBase,
 )
 from .api_logging import flashinfer_api
 
@@ -137,7 +138,7 @@ _PLAN_POSITIONAL = (
 )
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
     """Batched decode attention over a paged KV cache: ``plan`` once, ``run`` per step.
 
     Parameters
@@ -173,6 +174,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, None)
         )
         self._use_tensor_cores = use_tensor_cores
+
+    @property
+    def use_tensor_cores(self):
+        """The ``use_tensor_cores`` given to ``__init__`` (no effect on the kernels here)."""
+        return self._use_tensor_cores
 
     @flashinfer_api
     def plan(
@@ -275,8 +281,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 f"last_page_len: {last_page_len.numel()} entries but indptr has "
                 f"{indptr.numel()}; accepted: len(indptr) - 1 entries"
             )
-        _check_heads(num_qo_heads, num_kv_heads)
-        _check_head_dim("head_dim", head_dim)
+        _check_plan(num_qo_heads, num_kv_heads, head_dim, None, self._kv_layout, pos_encoding_mode)
         _check_page_size(page_size)
         _refuse_unless("window_right", window_right, (0,), "0")
         if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
@@ -370,7 +375,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         torch.Tensor or tuple of torch.Tensor
             ``out`` ``[rows, num_qo_heads, head_dim]`` (dtype o_data_type), and lse when asked.
         """
-        plan = _planned(self, args)
+        plan, head_scales = _planned(self, args, q)
         if q_len_per_req is not None:
             _check_run_q_len(plan, q, q_len_per_req)
         _refuse_run_extras(skip_softmax_threshold_scale_factor)
@@ -383,7 +388,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)
         k_sf, v_sf = _kv_scales(kv_cache_sf, self._kv_layout, k_cache)
         kw = _run_kwargs(plan, window_left, q_scale, k_scale)
-        out, lse, lse_out = _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype)
+        out, lse, lse_out = _run_outputs(q, out, lse, return_lse, _out_dtype(plan.o_dtype, q))
         _run_planned(
             plan,
             q,
@@ -396,8 +401,136 @@ class BatchDecodeWithPagedKVCacheWrapper:
             sinks=sinks,
             k_sf=k_sf,
             v_sf=v_sf,
+            **head_scales,
         )
         return (out, lse_out) if return_lse else out
+
+    def forward(
+        self,
+        q,
+        paged_kv_cache,
+        pos_encoding_mode="NONE",
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), False, settings)
+
+    def forward_return_lse(
+        self,
+        q,
+        paged_kv_cache,
+        pos_encoding_mode="NONE",
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), True, settings)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """The decode wrapper with FlashInfer's CUDA-graph buffers fixed at construction.
+
+    Parameters
+    ----------
+    workspace_buffer : torch.Tensor
+        Accepted for compatibility.
+    indptr_buffer, indices_buffer, last_page_len_buffer : torch.Tensor
+        The page-table buffers FlashInfer fills in place for graph replay; accepted for
+        compatibility (plans keep their own copies here).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    use_tensor_cores : bool
+        Accepted for compatibility.
+    """
+
+    def __init__(
+        self,
+        workspace_buffer,
+        indptr_buffer,
+        indices_buffer,
+        last_page_len_buffer,
+        kv_layout="NHD",
+        use_tensor_cores=False,
+    ):
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+def fast_decode_plan(
+    self,
+    indptr,
+    indices,
+    last_page_len,
+    num_qo_heads,
+    num_kv_heads,
+    head_dim,
+    page_size,
+    pos_encoding_mode="NONE",
+    window_left=-1,
+    logits_soft_cap=None,
+    q_data_type=None,
+    kv_data_type=None,
+    data_type=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    non_blocking=True,
+    fixed_split_size=None,
+    disable_split_kv=False,
+    q_len_per_req=1,
+    global_override_indptr_cpu=None,
+):
+    """FlashInfer's faster ``plan`` for a decode wrapper (SGLang binds it as a method):
+    here the same as ``self.plan``. ``global_override_indptr_cpu``, when given, is the
+    CPU copy of ``indptr`` and replaces it."""
+    if global_override_indptr_cpu is not None:
+        indptr = global_override_indptr_cpu
+    self._plan_impl(
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type,
+        kv_data_type=kv_data_type,
+        data_type=data_type,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        non_blocking=non_blocking,
+        fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req,
+    )
 
 
 def _check_run_q_len(plan, q, q_len_per_req):

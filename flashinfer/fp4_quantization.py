@@ -128,9 +128,6 @@ def _quantize_per_token(a, scale_inv, layout, row_map, out_scale):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
     if a.dim() != 2:
         raise ValueError(f"a: per-token quantization takes a 2-D [m, k] tensor, got {a.dim()}-D")
-    if not isinstance(scale_inv, torch.Tensor):
-        scale_inv = torch.tensor([float(scale_inv)], dtype=torch.float32)
-    scale_inv = scale_inv.to(device=a.device, dtype=torch.float32)
     if out_scale is not None:
         out_scale = out_scale.to(device=a.device, dtype=torch.float32)
     if row_map is not None:
@@ -309,7 +306,8 @@ def nvfp4_quantize(
     sfLayout : SfLayout, optional
         Scale layout: ``layout_128x4`` (default), ``layout_8x4`` or ``layout_linear``.
     do_shuffle : bool, optional
-        TRT-LLM weight shuffling; not supported (raises NotImplementedError).
+        TRT-LLM weight shuffling (epilogue tile 128): rows permuted in blocks of 32, the
+        scales too and then interleaved into 128x4 (needs ``layout_128x4``).
     sf_vec_size : int, optional
         16.
     enable_pdl : bool, optional
@@ -338,10 +336,6 @@ def nvfp4_quantize(
         per-token: ``(a_fp4, a_sf, per_token_scale)`` with ``a_sf`` shaped
         ``[padded rows, padded blocks]``.
     """
-    if do_shuffle:
-        raise NotImplementedError(
-            "do_shuffle=True (TRT-LLM weight shuffling) is not supported; use do_shuffle=False"
-        )
     try:
         layout = SfLayout(sfLayout)
     except ValueError:
@@ -353,15 +347,219 @@ def nvfp4_quantize(
     _check_per_token_options(
         per_token_activation, sf_vec_size, expanded_idx_to_permuted_idx, out_scale
     )
+    if do_shuffle and layout != SfLayout.layout_128x4:
+        raise ValueError(f"do_shuffle=True needs sfLayout layout_128x4, got {layout.name}")
+    quant_layout = SfLayout.layout_linear if do_shuffle else layout
     if per_token_activation:
-        return _quantize_per_token(a, a_global_sf, layout, expanded_idx_to_permuted_idx, out_scale)
+        out = _quantize_per_token(
+            a, a_global_sf, quant_layout, expanded_idx_to_permuted_idx, out_scale
+        )
+    else:
+        out = _fp4_quantize(
+            a,
+            a_global_sf,
+            sf_vec_size,
+            False,
+            quant_layout != SfLayout.layout_linear,
+            quant_layout == SfLayout.layout_8x4,
+            False,
+            backend,
+        )
+    return _shuffled(out) if do_shuffle else out
+
+
+def _shuffled(quantized, epilogue_tile_m=128):
+    """FlashInfer's do_shuffle: TRT-LLM's row shuffle of the codes (and per-token scales),
+    the scales shuffled alike and interleaved into the 128x4 layout, reshaped as they were."""
+    x_q, sf = quantized[0], quantized[1]
+    x_q = _shuffle_rows(x_q, epilogue_tile_m)
+    sf = block_scale_interleave(_shuffle_rows(sf, epilogue_tile_m)).reshape(sf.shape)
+    if len(quantized) == 3:
+        scales = _shuffle_rows(quantized[2].reshape(-1, 1), epilogue_tile_m).reshape(-1)
+        return x_q, sf, scales
+    return x_q, sf
+
+
+def _shuffle_rows(t, epilogue_tile_m):
+    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    _kernels.shuffle_rows(t, out, epilogue_tile_m)
+    return out
+
+
+@flashinfer_api
+def block_scale_interleave(unswizzled_sf):
+    """Interleave row-major block scales into the 128x4 layout FP4 GEMMs read.
+
+    Parameters
+    ----------
+    unswizzled_sf : torch.Tensor
+        uint8 or bfloat16 ``[rows, cols]`` or ``[batches, rows, cols]`` (CPU).
+
+    Returns
+    -------
+    torch.Tensor
+        1-D, ``batches * roundup(rows, 128) * roundup(cols, 4)`` elements, padding zeroed.
+    """
+    t = unswizzled_sf
+    batches = t.shape[0] if t.dim() == 3 else 1
+    size = _sf_bytes(t.shape[-2], t.shape[-1], SfLayout.layout_128x4) if t.dim() >= 2 else 0
+    out = torch.empty(batches * size, dtype=t.dtype, device=t.device)
+    _kernels.sf_interleave(t, out)
+    return out
+
+
+nvfp4_block_scale_interleave = block_scale_interleave
+
+
+@flashinfer_api
+def e2m1_and_ufp8sf_scale_to_float(
+    e2m1_tensor,
+    ufp8_scale_tensor,
+    global_scale_tensor=None,
+    sf_vec_size=16,
+    ufp8_type=1,
+    is_sf_swizzled_layout=True,
+    is_sf_8x4_layout=False,
+):
+    """Dequantize packed E2M1 values with their block scales to float32 (on the CPU).
+
+    Parameters
+    ----------
+    e2m1_tensor : torch.Tensor
+        uint8 ``[m, k // 2]``, element ``2j`` in the low nibble of byte ``j``.
+    ufp8_scale_tensor : torch.Tensor
+        uint8 block scales: E4M3 (``ufp8_type=1``) or UE8M0 (``0``).
+    global_scale_tensor : torch.Tensor, optional
+        One float32 value multiplying the result (the inverse of the quantizer's).
+    sf_vec_size : int
+        16 or 32 elements per scale.
+    is_sf_swizzled_layout, is_sf_8x4_layout : bool
+        The scales' layout: 128x4 (default), 8x4, or linear.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``[m, k]``.
+    """
+    if is_sf_8x4_layout and not is_sf_swizzled_layout:
+        raise ValueError("is_sf_8x4_layout=True needs is_sf_swizzled_layout=True")
+    if not is_sf_swizzled_layout:
+        layout = SfLayout.layout_linear
+    else:
+        layout = SfLayout.layout_8x4 if is_sf_8x4_layout else SfLayout.layout_128x4
+    x_q = e2m1_tensor.cpu()
+    out = torch.empty((x_q.shape[0], x_q.shape[-1] * 2), dtype=torch.float32)
+    gs = None if global_scale_tensor is None else global_scale_tensor.cpu()
+    _kernels.fp4_dequantize(
+        x_q, ufp8_scale_tensor.cpu(), gs, out, sf_vec_size, ufp8_type == 0, int(layout)
+    )
+    return out
+
+
+@flashinfer_api
+def mxfp4_quantize(a, backend="cuda", enable_pdl=None, sfLayout=SfLayout.layout_128x4):
+    """Quantize ``a`` to MXFP4: E2M1 values with one UE8M0 scale per 32 elements.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[m, k]`` float16, bfloat16 or float32, ``k`` a multiple of 32.
+    backend : str
+        ``"cuda"``, ``"cute-dsl"`` or ``"cpu"``: the kernel of the input's device runs.
+    enable_pdl : bool, optional
+        Accepted for compatibility.
+    sfLayout : SfLayout
+        The scales' layout.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(a_fp4, a_sf)`` as :func:`fp4_quantize` returns them.
+    """
+    _check_backend(backend, _BACKENDS, a)
+    layout = SfLayout(sfLayout)
     return _fp4_quantize(
         a,
-        a_global_sf,
-        sf_vec_size,
-        False,
+        None,
+        32,
+        True,
         layout != SfLayout.layout_linear,
         layout == SfLayout.layout_8x4,
         False,
         backend,
     )
+
+
+@flashinfer_api
+def nvfp4_batched_quantize(a, a_global_sf, sf_vec_size=16):
+    """Quantize each of a batch of matrices to NVFP4 with 128x4 scales.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[b, m, k]`` float16, bfloat16 or float32.
+    a_global_sf : torch.Tensor or float
+        One global scale for the whole batch (as :func:`nvfp4_quantize` takes it).
+    sf_vec_size : int
+        16.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(x_q [b, m, k // 2], sf [b, roundup(m, 128) * roundup(k // 16, 4)])``.
+    """
+    if not isinstance(a, torch.Tensor) or a.dim() != 3:
+        raise ValueError("a: expected a 3-D tensor [b, m, k]")
+    parts = [
+        _quantize(a[i], a_global_sf, sf_vec_size, False, SfLayout.layout_128x4, False)
+        for i in range(a.shape[0])
+    ]
+    x_q = torch.stack([q for q, _ in parts]) if parts else a.new_empty(0, dtype=torch.uint8)
+    sf = torch.stack([s.reshape(-1) for _, s in parts]) if parts else x_q
+    return x_q, sf
+
+
+@flashinfer_api
+def nvfp4_kv_quantize(input, global_scale):
+    """Quantize a KV tensor to NVFP4 with linear block scales (FlashInfer's KV format).
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[m, k]`` float16 or bfloat16, ``k`` a multiple of 16.
+    global_scale : torch.Tensor
+        One float32 value: the dequantization multiplier (``x ~= e2m1 * sf * global_scale``).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(fp4_output uint8 [m, k // 2], block_scales uint8 [m, k // 16])``.
+    """
+    if not isinstance(input, torch.Tensor) or input.dim() != 2:
+        raise ValueError("input: expected a 2-D tensor [m, k]")
+    if input.shape[1] % 16 != 0:
+        raise ValueError(f"K dimension ({input.shape[1]}) must be divisible by 16")
+    x_q, sf = _quantize(input, global_scale, 16, False, SfLayout.layout_linear, True)
+    return x_q, sf.reshape(input.shape[0], input.shape[1] // 16)
+
+
+@flashinfer_api
+def nvfp4_kv_dequantize(fp4_data, block_scales, global_scale, output_dtype=torch.bfloat16):
+    """The inverse of :func:`nvfp4_kv_quantize`: ``e2m1 * sf * global_scale``.
+
+    Parameters
+    ----------
+    fp4_data, block_scales : torch.Tensor
+        uint8 ``[m, k // 2]`` and ``[m, k // 16]``.
+    global_scale : torch.Tensor
+        One float32 value.
+    output_dtype : torch.dtype, optional
+        Default bfloat16.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[m, k]`` in ``output_dtype`` on ``fp4_data``'s device.
+    """
+    out = e2m1_and_ufp8sf_scale_to_float(fp4_data, block_scales, global_scale, 16, 1, False)
+    return out.to(device=fp4_data.device, dtype=output_dtype)

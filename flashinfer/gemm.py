@@ -10,9 +10,6 @@ tensors; for CUDA tensors the native CUDA kernel, or cuBLASLt (``bmm_fp8``/``mm_
 cannot take the operands. ``"cpu"`` names the CPU kernel (CPU tensors only).
 """
 
-import functools
-import os
-
 import torch
 
 from . import _kernels
@@ -23,6 +20,7 @@ from .utils import (
     CUBLASLT_REQUIREMENT,
     CUDA_KERNEL_REQUIREMENT,
     BackendSupportedError,
+    _cublas_lib_dir,
     backend_requirement,
     preferring,
 )
@@ -73,23 +71,6 @@ def _stream(x):
     if isinstance(x, torch.Tensor) and x.is_cuda:
         return torch.cuda.current_stream(x.device).cuda_stream
     return 0
-
-
-@functools.lru_cache(maxsize=1)
-def _cublas_lib_dir():
-    """The directory of the pip wheel's libcublasLt that torch ships with (``nvidia/cublas/lib``
-    for CUDA 12, ``nvidia/cu13/lib`` for CUDA 13), or None. Only a hint: the C side first
-    uses a cuBLASLt the process has already loaded."""
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for base in getattr(nvidia, "__path__", []):
-        for sub in ("cublas", "cu13"):
-            lib = os.path.join(base, sub, "lib")
-            if os.path.isdir(lib) and any(f.startswith("libcublasLt.so") for f in os.listdir(lib)):
-                return lib
-    return None
 
 
 def _check_cpu_backend(backend, x):

@@ -4,14 +4,15 @@ The computation runs in C (``flashinfer._kernels.attention``); this module check
 FlashInfer-shaped arguments, packs masks, allocates outputs and keeps the wrapper plans.
 """
 
+import functools
+
 import torch
 
 from ._attention_common import (
     _as_dtype,
     _check_at_least,
-    _check_head_dim,
-    _check_heads,
     _check_page_size,
+    _check_plan,
     _check_planned_dtype,
     _check_planned_q,
     _check_same_lengths,
@@ -19,11 +20,14 @@ from ._attention_common import (
     _common_kwargs,
     _expect_tensor,
     _finish_lse,
+    _head_scales,
     _index_tensor,
     _init_wrapper,
+    _is_float8,
     _kv_len,
     _kv_scales,
     _lengths,
+    _out_dtype,
     _page_table,
     _paged_kv,
     _paged_kv_lens,
@@ -39,6 +43,7 @@ from ._attention_common import (
     _scale_value,
     _single_kwargs,
     _split_hint,
+    _WrapperBase,
 )
 from .api_logging import flashinfer_api
 
@@ -73,10 +78,11 @@ def _packed_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens, single):
             )
         if single:
             want = (qo_lens[0], kv_lens[0])
-            if tuple(custom_mask.shape) != want:
+            flat = custom_mask.dim() == 1 and custom_mask.numel() == sizes[0]
+            if tuple(custom_mask.shape) != want and not flat:
                 raise ValueError(
                     f"custom_mask: shape {tuple(custom_mask.shape)} is not [qo_len, kv_len] "
-                    f"= {list(want)}"
+                    f"= {list(want)} or its {sizes[0]} elements flattened"
                 )
         elif custom_mask.dim() != 1 or custom_mask.numel() != sum(sizes):
             raise ValueError(
@@ -228,13 +234,14 @@ def single_prefill_with_kv_cache(
     torch.Tensor or tuple of torch.Tensor
         ``[qo_len, num_qo_heads, head_dim]``, and ``[qo_len, num_qo_heads]`` lse when asked.
     """
+    per_head = _is_float8(q)  # fa3 FP8: scale_q/k/v are per-head tensors, not folded here
     kw = _single_kwargs(
         q,
         k,
         v,
         3,
-        scale_q,
-        scale_k,
+        None if per_head else scale_q,
+        None if per_head else scale_k,
         kv_layout,
         pos_encoding_mode,
         window_left,
@@ -247,8 +254,10 @@ def single_prefill_with_kv_cache(
     k_sf, v_sf = _kv_scales(kv_cache_sf, kw["kv_layout"], k)
     kv_len = _kv_len(k, kw["kv_layout"])
     mask, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, [q.shape[0]], [kv_len], True)
-    o_dtype = q.dtype if o_dtype is None else _as_dtype("o_dtype", o_dtype)
-    out = torch.empty(q.shape, dtype=o_dtype, device=q.device)
+    o_dtype = _out_dtype(None, q) if o_dtype is None else _as_dtype("o_dtype", o_dtype)
+    head_dim_vo = v.shape[-1] * (2 if k_sf is not None else 1)  # NVFP4: two per byte
+    out = torch.empty(q.shape[:-1] + (head_dim_vo,), dtype=o_dtype, device=q.device)
+    head_scales = _head_scales(scale_q, scale_k, scale_v) if per_head else {}
     lse = _run_single(
         q,
         k,
@@ -258,12 +267,22 @@ def single_prefill_with_kv_cache(
         mask=mask,
         mask_indptr=mask_indptr,
         causal=bool(causal) and mask is None,
-        v_scale=_scale_value("scale_v", scale_v) * _scale_value("v_scale", v_scale),
+        v_scale=_scale_value("v_scale", v_scale)
+        * (1.0 if head_scales else _scale_value("scale_v", scale_v)),
         k_sf=k_sf,
         v_sf=v_sf,
+        **head_scales,
         **kw,
     )
     return (out, lse) if return_lse else out
+
+
+single_prefill_with_kv_cache_return_lse = functools.partial(
+    single_prefill_with_kv_cache, return_lse=True
+)
+single_prefill_with_kv_cache_return_lse.__doc__ = (
+    "single_prefill_with_kv_cache with ``return_lse=True``: returns (out, lse)."
+)
 
 
 def _prefill_plan_common(
@@ -284,13 +303,7 @@ def _prefill_plan_common(
     o_data_type,
 ):
     qo_indptr = _index_tensor("qo_indptr", qo_indptr)
-    _check_heads(num_qo_heads, num_kv_heads)
-    _check_head_dim("head_dim_qk", head_dim_qk)
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise ValueError(
-            f"head_dim_vo: {head_dim_vo} differs from head_dim_qk {head_dim_qk}; accepted: "
-            "equal head dims"
-        )
+    _check_plan(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, kv_layout, pos_encoding_mode)
     kw = _common_kwargs(
         kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
     )
@@ -304,6 +317,7 @@ def _prefill_plan_common(
         kv_dtype=kv_dtype,
         settings=kw,
         o_dtype=o_dtype,
+        head_dim_vo=head_dim_vo,
     )
 
 
@@ -346,7 +360,9 @@ def _prefill_run(plan, q, out, lse, return_lse, lse_layout):
         (plan.qo_rows, plan.num_qo_heads, plan.head_dim),
         "(qo_indptr[-1], num_qo_heads, head_dim_qk)",
     )
-    return _run_outputs(q, out, lse, return_lse, plan.o_dtype or q.dtype, lse_layout)
+    return _run_outputs(
+        q, out, lse, return_lse, _out_dtype(plan.o_dtype, q), lse_layout, plan.head_dim_vo
+    )
 
 
 def _init_prefill_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend, jit, owns_mask):
@@ -356,7 +372,7 @@ def _init_prefill_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend
     )
 
 
-class BatchPrefillWithPagedKVCacheWrapper:
+class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
     """Batched prefill attention over a paged KV cache: ``plan`` once, ``run`` per step.
 
     Parameters
@@ -583,7 +599,7 @@ class BatchPrefillWithPagedKVCacheWrapper:
         torch.Tensor or tuple of torch.Tensor
             The output, and lse when asked.
         """
-        plan = _planned(self, args)
+        plan, head_scales = _planned(self, args, q)
         _refuse_run_extras(skip_softmax_threshold_scale_factor, use_fp16_softmax, uses_spcompress)
         out, lse_view, lse = _prefill_run(plan, q, out, lse, return_lse, lse_layout)
         k_cache, v_cache = _paged_kv(plan, self._kv_layout, paged_kv_cache)
@@ -601,11 +617,52 @@ class BatchPrefillWithPagedKVCacheWrapper:
             sinks=sinks,
             k_sf=k_sf,
             v_sf=v_sf,
+            **head_scales,
         )
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
+    def forward(
+        self,
+        q,
+        paged_kv_cache,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        k_scale=None,
+        v_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), False, settings)
 
-class BatchPrefillWithRaggedKVCacheWrapper:
+    def forward_return_lse(
+        self,
+        q,
+        paged_kv_cache,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        k_scale=None,
+        v_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), True, settings)
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
     """Batched prefill attention over ragged (concatenated) K and V: ``plan``, then ``run``.
 
     Parameters
@@ -806,7 +863,7 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         torch.Tensor or tuple of torch.Tensor
             The output, and lse when asked.
         """
-        plan = _planned(self, args)
+        plan, head_scales = _planned(self, args, q)
         out, lse_view, lse = _prefill_run(plan, q, out, lse, return_lse, lse_layout)
         _check_tensor("k", k, 3)
         _check_tensor("v", v, 3)
@@ -823,5 +880,43 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         if o == 0.0:
             raise ValueError("o_scale: 0 is not accepted; accepted: a nonzero scale")
         v_scale = _scale_value("v_scale", v_scale) / o
-        _run_planned(plan, q, k, v, out, lse_view, v_scale, kw, k_sf=k_sf, v_sf=v_sf)
+        _run_planned(plan, q, k, v, out, lse_view, v_scale, kw, k_sf=k_sf, v_sf=v_sf, **head_scales)
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
+
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["k"], settings["v"]
+        return self._forward((q, k, v), False, settings)
+
+    def forward_return_lse(
+        self,
+        q,
+        k,
+        v,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+    ):
+        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
+        settings = dict(locals())
+        del settings["self"], settings["q"], settings["k"], settings["v"]
+        return self._forward((q, k, v), True, settings)

@@ -16,6 +16,7 @@ without CUDA), ``cublaslt_available()`` whether cuBLASLt loads.
 
 import functools
 import inspect
+import os
 
 import torch
 
@@ -95,6 +96,23 @@ def cuda_kernel_capabilities():
 
 
 @functools.lru_cache(maxsize=1)
+def _cublas_lib_dir():
+    """The directory of the pip wheel's libcublasLt that torch ships with (``nvidia/cublas/lib``
+    for CUDA 12, ``nvidia/cu13/lib`` for CUDA 13), or None. Only a hint: the C side first
+    uses a cuBLASLt the process has already loaded."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for sub in ("cublas", "cu13"):
+            lib = os.path.join(base, sub, "lib")
+            if os.path.isdir(lib) and any(f.startswith("libcublasLt.so") for f in os.listdir(lib)):
+                return lib
+    return None
+
+
+@functools.lru_cache(maxsize=1)
 def cublaslt_available():
     """Whether cuBLASLt can be loaded for bmm_fp8 (always False without CUDA kernels).
 
@@ -103,8 +121,6 @@ def cublaslt_available():
     bool
         The loader found libcublasLt (in the process, torch's wheel or the loader path).
     """
-    from .gemm import _cublas_lib_dir
-
     return _kernels.cublaslt_library(_cublas_lib_dir()) is not None
 
 

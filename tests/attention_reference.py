@@ -31,10 +31,13 @@ def attention(
     rope_theta=1e4,
     v_scale=1.0,
     sinks=None,
+    alibi=False,
 ):
-    """q [qo_len, Hq, D], k/v [kv_len, Hkv, D] (NHD) -> (o [qo_len, Hq, D], lse [qo_len, Hq]).
+    """q [qo_len, Hq, D], k [kv_len, Hkv, D], v [kv_len, Hkv, DV] (NHD) -> (o [qo_len, Hq,
+    DV], lse [qo_len, Hq]).
 
-    sinks [Hq]: one more logit per head in every row's softmax, with no value."""
+    sinks [Hq]: one more logit per head in every row's softmax, with no value. alibi: each
+    scaled logit gets slope(head) * (key position - query position) before the soft cap."""
     q, k, v = q.float(), k.float(), v.float()
     qo_len, hq, d = q.shape
     kv_len, hkv, _ = k.shape
@@ -45,6 +48,9 @@ def attention(
     v = v.repeat_interleave(hq // hkv, dim=1)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     s = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if alibi:
+        distance = torch.arange(kv_len)[None, :] - (torch.arange(qo_len)[:, None] + kv_len - qo_len)
+        s = s + alibi_slopes(hq)[:, None, None] * distance[None].float()
     if soft_cap:
         s = soft_cap * torch.tanh(s / soft_cap)
     pos = torch.arange(qo_len)[:, None] + kv_len - qo_len
@@ -63,6 +69,17 @@ def attention(
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :kv_len]
     o = torch.einsum("hqk,khd->qhd", p, v) * v_scale
     return o, lse.transpose(0, 1)
+
+
+def alibi_slopes(num_heads):
+    """FlashInfer's ALiBi slopes: 2^(-8/n)^(1..n) for n the largest power of two <= heads,
+    then 2^(-4/n)^(1, 3, 5, ...) for the remaining heads."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    slopes = torch.pow(2.0 ** (-8.0 / n), torch.arange(1, 1 + n))
+    if n < num_heads:
+        extra = torch.pow(2.0 ** (-4.0 / n), torch.arange(1, 1 + 2 * (num_heads - n), 2))
+        slopes = torch.cat([slopes, extra])
+    return slopes.float()
 
 
 def gather_pages(cache, indices, kv_len, kv_layout):

@@ -244,10 +244,14 @@ def test_mm_fp4_8x4_activation_scales_with_128x4_weight_scales():
 
 
 def ref_per_token(x, scale_inv):
-    """Per-token NVFP4: s = amax(row) * scale_inv, the row quantized with global scale 1 / s."""
-    s = x.float().abs().amax(1) * scale_inv
-    gsf = torch.where(s == 0, 0.0, 1.0 / s)
-    rows = [ref_quantize(x[r : r + 1], gsf[r]) for r in range(x.shape[0])]
+    """Per-token NVFP4 in FlashInfer's order of operations: the row's encode scale is
+    min((1 / scale_inv) / amax(row), FLT_MAX), its returned scale 1 / encode (0 for a zero
+    row), and the row is quantized with the encode scale as its global scale."""
+    amax = x.float().abs().amax(1)
+    encode = torch.clamp((1.0 / scale_inv.float()) / amax, max=torch.finfo(torch.float32).max)
+    encode = torch.where(amax == 0, 0.0, encode)
+    s = torch.where(amax == 0, 0.0, 1.0 / encode)
+    rows = [ref_quantize(x[r : r + 1], encode[r]) for r in range(x.shape[0])]
     return torch.cat([q for q, _ in rows]), torch.cat([sf for _, sf in rows]), s
 
 

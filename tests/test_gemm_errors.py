@@ -135,7 +135,7 @@ def test_fp4_quantize_input_dtype():
 
 
 def test_fp4_quantize_unsupported_options():
-    with pytest.raises(NotImplementedError, match=r"do_shuffle"):
+    with pytest.raises(ValueError, match=r"input: 4 rows; accepted: a multiple of 32"):
         nvfp4_quantize(torch.zeros(4, 32), ONE, do_shuffle=True)
     with pytest.raises(NotImplementedError, match=r"sf_vec_size: 64"):
         fp4_quantize(torch.zeros(4, 64), ONE, sf_vec_size=64)

@@ -337,6 +337,85 @@ RELEASE = {
     ),
 }
 
+
+def _partial_with_return_lse(params):
+    """The signature functools.partial(f, return_lse=True) shows: that parameter and the
+    ones after it become keyword-only."""
+    i = params.index("return_lse=False")
+    return params[:i] + ("*", "return_lse=True") + params[i + 1 :]
+
+
+# Names added after the release, transcribed from FlashInfer main (without annotations).
+RELEASE.update(
+    {
+        "CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__": (
+            "self",
+            "workspace_buffer",
+            "indptr_buffer",
+            "indices_buffer",
+            "last_page_len_buffer",
+            "kv_layout='NHD'",
+            "use_tensor_cores=False",
+        ),
+        "fast_decode_plan": (
+            "self",
+            "indptr",
+            "indices",
+            "last_page_len",
+            "num_qo_heads",
+            "num_kv_heads",
+            "head_dim",
+            "page_size",
+            "pos_encoding_mode='NONE'",
+            "window_left=-1",
+            "logits_soft_cap=None",
+            "q_data_type=None",
+            "kv_data_type=None",
+            "data_type=None",
+            "sm_scale=None",
+            "rope_scale=None",
+            "rope_theta=None",
+            "non_blocking=True",
+            "fixed_split_size=None",
+            "disable_split_kv=False",
+            "q_len_per_req=1",
+            "global_override_indptr_cpu=None",
+        ),
+        # functools.partial(single_prefill_with_kv_cache, return_lse=True)
+        "single_prefill_with_kv_cache_return_lse": _partial_with_return_lse(
+            RELEASE["single_prefill_with_kv_cache"]
+        ),
+        "silu_and_mul": ("input", "out=None", "enable_pdl=None"),
+        "gelu_and_mul": ("input", "out=None", "enable_pdl=None"),
+        "gelu_tanh_and_mul": ("input", "out=None", "enable_pdl=None"),
+        "mxfp4_quantize": (
+            "a",
+            "backend='cuda'",
+            "enable_pdl=None",
+            "sfLayout=<SfLayout.layout_128x4: 0>",
+        ),
+        "block_scale_interleave": ("unswizzled_sf",),
+        "nvfp4_block_scale_interleave": ("unswizzled_sf",),
+        "e2m1_and_ufp8sf_scale_to_float": (
+            "e2m1_tensor",
+            "ufp8_scale_tensor",
+            "global_scale_tensor=None",
+            "sf_vec_size=16",
+            "ufp8_type=1",
+            "is_sf_swizzled_layout=True",
+            "is_sf_8x4_layout=False",
+        ),
+        "nvfp4_batched_quantize": ("a", "a_global_sf", "sf_vec_size=16"),
+        "nvfp4_kv_quantize": ("input", "global_scale"),
+        "nvfp4_kv_dequantize": (
+            "fp4_data",
+            "block_scales",
+            "global_scale",
+            "output_dtype=torch.bfloat16",
+        ),
+    }
+)
+
 # Our documented supersets: docs/kernels.md keeps the one-argument prepare_low_latency_gemm_weights(w).
 SUPERSETS = {
     "prepare_low_latency_gemm_weights": {

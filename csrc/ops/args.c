@@ -1,6 +1,10 @@
-/* args.c: reading and checking the tensor arguments of the flashinfer._kernels entry points.
- * One wording for every kernel: the argument, the value seen, what is accepted. */
+/* args.c: parsing the flashinfer._kernels entry points' arguments from their tables, and
+ * checking the tensors. One wording for every kernel: the argument, the value seen, what is
+ * accepted. */
 #include "args.h"
+
+#include <limits.h>
+#include <string.h>
 
 #include "strbuf.h"
 #include "tensor.h"
@@ -181,4 +185,126 @@ const int32_t *fi_arg_int32_on_host(const fi_arg *a, void *stream, int32_t **cop
     PyErr_Format(PyExc_ValueError, "%s: this build has no CUDA support", a->name);
     return NULL;
 #endif
+}
+
+/* Reads value into dest + spec->offset as spec->kind says. */
+static int store_arg(const char *fname, const fi_argspec *spec, PyObject *value, char *dest)
+{
+    void *at = dest + spec->offset;
+    switch (spec->kind) {
+    case FI_ARG_TENSOR: {
+        fi_arg *a = at;
+        a->name = spec->name;
+        a->obj = value == Py_None ? NULL : value;
+        return 0;
+    }
+    case FI_ARG_OBJECT:
+        *(PyObject **)at = value;
+        return 0;
+    case FI_ARG_BOOL: {
+        int truth = PyObject_IsTrue(value);
+        if (truth < 0)
+            return -1;
+        *(int *)at = truth;
+        return 0;
+    }
+    case FI_ARG_INT:
+    case FI_ARG_INT64: {
+        if (PyBool_Check(value) || !PyIndex_Check(value))
+            break;
+        long long v = PyLong_AsLongLong(value);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (spec->kind == FI_ARG_INT64) {
+            *(long long *)at = v;
+            return 0;
+        }
+        if (v < INT_MIN || v > INT_MAX) {
+            PyErr_Format(PyExc_OverflowError, "%s(): argument '%s' is %lld; out of int range",
+                         fname, spec->name, v);
+            return -1;
+        }
+        *(int *)at = (int)v;
+        return 0;
+    }
+    case FI_ARG_DOUBLE: {
+        if (!PyFloat_Check(value) && !PyLong_Check(value))
+            break;
+        double v = PyFloat_AsDouble(value);
+        if (v == -1.0 && PyErr_Occurred())
+            return -1;
+        *(double *)at = v;
+        return 0;
+    }
+    case FI_ARG_STR: {
+        if (!PyUnicode_Check(value))
+            break;
+        const char *s = PyUnicode_AsUTF8(value);
+        if (!s)
+            return -1;
+        *(const char **)at = s;
+        return 0;
+    }
+    }
+    static const char *const wanted[] = {"a tensor", "an object", "a bool", "an int",
+                                         "an int",   "a float",   "a str"};
+    PyErr_Format(PyExc_TypeError, "%s(): argument '%s' must be %s, not %.200s", fname, spec->name,
+                 wanted[spec->kind], Py_TYPE(value)->tp_name);
+    return -1;
+}
+
+int fi_args_parse(const char *fname, const fi_argspec *specs, int n, void *dest,
+                  PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *given[64] = {NULL};
+    if (n > 64) {
+        PyErr_Format(PyExc_SystemError, "%s(): argument table over 64 entries", fname);
+        return -1;
+    }
+    if (nargs > n) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, n,
+                     nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        given[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        const char *name = PyUnicode_AsUTF8(key);
+        if (!name)
+            return -1;
+        int i = 0;
+        while (i < n && strcmp(specs[i].name, name) != 0)
+            i++;
+        if (i == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%s'", fname,
+                         name);
+            return -1;
+        }
+        if (given[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fname,
+                         name);
+            return -1;
+        }
+        given[i] = args[nargs + k];
+    }
+    for (int i = 0; i < n; i++) {
+        if (!given[i]) {
+            if (specs[i].required) {
+                PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", fname,
+                             specs[i].name, i + 1);
+                return -1;
+            }
+            if (specs[i].kind == FI_ARG_TENSOR) {
+                fi_arg *a = (fi_arg *)((char *)dest + specs[i].offset);
+                a->name = specs[i].name;
+                a->obj = NULL;
+            }
+            continue;
+        }
+        if (store_arg(fname, &specs[i], given[i], dest) < 0)
+            return -1;
+    }
+    return 0;
 }

@@ -1,5 +1,6 @@
-/* args.h: the tensor arguments of the flashinfer._kernels entry points and the checks they
- * share. A wrong type raises TypeError, a wrong value ValueError, as CPython does. */
+/* args.h: the arguments of the flashinfer._kernels entry points: one table per entry point
+ * parsed by fi_args_parse, and the checks the tensors share. A wrong type raises TypeError,
+ * a wrong value ValueError, as CPython does. */
 #ifndef FI_ARGS_H
 #define FI_ARGS_H
 
@@ -15,6 +16,36 @@ typedef struct {
     PyObject *obj;
     fi_tensor t;
 } fi_arg;
+
+/* How fi_args_parse stores one argument at its offset in the caller's struct. */
+typedef enum {
+    FI_ARG_TENSOR, /* fi_arg: .obj borrowed, NULL for None; .name the table's name */
+    FI_ARG_OBJECT, /* PyObject *, borrowed (None stays None) */
+    FI_ARG_BOOL,   /* int, by truth value (as "p") */
+    FI_ARG_INT,    /* int; an integer (not bool) */
+    FI_ARG_INT64,  /* long long; an integer (not bool) */
+    FI_ARG_DOUBLE, /* double; a float or an integer */
+    FI_ARG_STR,    /* const char *, UTF-8 kept alive by the str object */
+} fi_arg_kind;
+
+/* One row of an entry point's argument table, in positional order: the keyword name, where
+ * the value goes (offsetof in the caller's struct), how it is read, and whether it may be
+ * omitted (the struct then keeps the default the caller put there). */
+typedef struct {
+    const char *name;
+    size_t offset;
+    fi_arg_kind kind;
+    int required;
+} fi_argspec;
+
+#define FI_ARGS_COUNT(table) ((int)(sizeof(table) / sizeof((table)[0])))
+
+/* Parses a METH_FASTCALL | METH_KEYWORDS call of function fname against specs[0..n) into
+ * dest (prefilled with the defaults). Errors are CPython's: TypeError for a missing,
+ * repeated or unknown argument, too many positional ones, or a value of the wrong type;
+ * OverflowError for an integer out of range. */
+int fi_args_parse(const char *fname, const fi_argspec *specs, int n, void *dest,
+                  PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* Each function returns 0, or -1 with an exception set whose message names the argument,
  * the value seen and what is accepted. */

@@ -3,13 +3,65 @@
 #include "ops_attention.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "args.h"
 #include "tensor.h"
 
+/* The rules every attention call and plan() obey, in one place; flashinfer._kernels exports
+ * them (KV_LAYOUTS, POS_ENCODING_MODES, HEAD_DIMS, check_attention_plan) so the Python
+ * layer does not repeat them. */
+static const char *const kv_layouts[] = {"NHD", "HND"};
+/* Index = fi_pos_encoding value (FlashInfer's PosEncodingMode). */
+static const char *const pos_encoding_modes[] = {"NONE", "ROPE_LLAMA", "ALIBI"};
+/* (head_dim_qk, head_dim_vo) pairs the kernels run: equal dims, and DeepSeek's 192 / 128. */
+static const int64_t head_dim_pairs[][2] = {
+    {64, 64}, {128, 128}, {256, 256}, {512, 512}, {192, 128}};
+#define NUM_HEAD_DIM_PAIRS ((int)(sizeof(head_dim_pairs) / sizeof(head_dim_pairs[0])))
+#define HEAD_DIMS_ACCEPTED "64, 128, 256, 512 (q, k and v alike), or qk 192 with vo 128"
+
+/* 0 when (qk, vo) is a pair the kernels run, else -1 with ValueError naming `name`. */
+static int check_head_dims(const char *name, int64_t qk, int64_t vo)
+{
+    for (int i = 0; i < NUM_HEAD_DIM_PAIRS; i++)
+        if (head_dim_pairs[i][0] == qk && head_dim_pairs[i][1] == vo)
+            return 0;
+    if (qk == vo)
+        PyErr_Format(PyExc_ValueError, "%s: head_dim %lld is not supported; accepted: %s", name,
+                     (long long)qk, HEAD_DIMS_ACCEPTED);
+    else
+        PyErr_Format(PyExc_ValueError,
+                     "%s: head_dim_qk %lld with head_dim_vo %lld is not supported; accepted: %s",
+                     name, (long long)qk, (long long)vo, HEAD_DIMS_ACCEPTED);
+    return -1;
+}
+
+/* The index of value in names[0..n), or -1 with ValueError listing them. */
+static int check_name(const char *what, const char *value, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(value, names[i]) == 0)
+            return i;
+    char accepted[128] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(accepted + strlen(accepted), sizeof(accepted) - strlen(accepted), "%s'%s'",
+                 i ? ", " : "", names[i]);
+    PyErr_Format(PyExc_ValueError, "%s: '%.50s' is not supported; accepted: %s", what, value,
+                 accepted);
+    return -1;
+}
+
+static int heads_divide(int64_t num_qo_heads, int64_t num_kv_heads)
+{
+    return num_kv_heads >= 1 && num_qo_heads % num_kv_heads == 0;
+}
+
 static const fi_dtype float_kinds[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
+/* q: a float, or float8 with per-head scales (FlashInfer's fa3 FP8 attention) */
+static const fi_dtype q_kinds[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32, FI_DTYPE_E4M3FN,
+                                   FI_DTYPE_E5M2};
 static const fi_dtype float32_kind[] = {FI_DTYPE_F32};
 static const fi_dtype int32_kind[] = {FI_DTYPE_I32};
 
@@ -80,7 +132,7 @@ static int check_last_dim_contiguous(const fi_arg *a)
 
 typedef struct {
     fi_arg q, k, v, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask, mask_indptr;
-    fi_arg v_indptr, o_indptr, sinks, k_sf, v_sf;
+    fi_arg v_indptr, o_indptr, sinks, k_sf, v_sf, q_head_scale, k_head_scale, v_head_scale;
 } attention_args;
 
 static int64_t kv_len_of(const fi_attention_params *p, int64_t b)
@@ -103,7 +155,8 @@ static int check_fp4_scales(attention_args *a, fi_attention_params *p, int page,
         int nd = kv[i]->t.ndim;
         if (fi_arg_check_ndim(sf[i], nd, NULL) < 0 || fi_arg_check_dtype(sf[i], sf_kinds, 2) < 0 ||
             check_last_dim_contiguous(sf[i]) < 0 ||
-            fi_arg_check_dim(sf[i], nd - 1, "scales per row", p->head_dim / 16) < 0)
+            fi_arg_check_dim(sf[i], nd - 1, "scales per row",
+                             (i ? p->head_dim_vo : p->head_dim) / 16) < 0)
             return -1;
         for (int d = 0; d < nd - 1; d++)
             if (fi_arg_check_dim(sf[i], d, "size", kv[i]->t.shape[d]) < 0)
@@ -177,7 +230,7 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
     int tok = base + (hnd ? 1 : 0), head = base + (hnd ? 0 : 1);
     if (fi_arg_check_ndim(&a->k, nd, NULL) < 0 || fi_arg_check_ndim(&a->v, nd, NULL) < 0)
         return -1;
-    for (int i = 0; i < nd; i++) {
+    for (int i = 0; i < nd - 1; i++) { /* the last: head_dim and head_dim_vo, below */
         if (a->v_indptr.obj && i == tok)
             continue; /* v has its own rows */
         if (a->k.t.shape[i] != a->v.t.shape[i]) {
@@ -197,12 +250,14 @@ static int check_kv(attention_args *a, fi_attention_params *p, int hnd)
         return -1;
     int fp4 = p->kv_dtype == FI_DTYPE_FP4X2;
     if (fi_arg_check_dim(&a->k, nd - 1, fp4 ? "head_dim / 2 (NVFP4 bytes)" : "head_dim",
-                         fp4 ? p->head_dim / 2 : p->head_dim) < 0)
+                         fp4 ? p->head_dim / 2 : p->head_dim) < 0 ||
+        fi_arg_check_dim(&a->v, nd - 1, fp4 ? "head_dim_vo / 2 (NVFP4 bytes)" : "head_dim_vo",
+                         fp4 ? p->head_dim_vo / 2 : p->head_dim_vo) < 0)
         return -1;
     if (fp4 && check_fp4_scales(a, p, paged ? 0 : -1, tok, head) < 0)
         return -1;
     int64_t hkv = a->k.t.shape[head];
-    if (hkv < 1 || p->num_qo_heads % hkv != 0) {
+    if (!heads_divide(p->num_qo_heads, hkv)) {
         PyErr_Format(PyExc_ValueError,
                      "%s: num_kv_heads (dimension %d) is %lld but num_qo_heads is %lld; "
                      "accepted: a divisor of num_qo_heads",
@@ -293,25 +348,29 @@ static int check_mask(attention_args *a, fi_attention_params *p)
 static int check_q_out(attention_args *a, fi_attention_params *p)
 {
     if (fi_arg_check_ndim(&a->q, 3, NULL) < 0 || check_last_dim_contiguous(&a->q) < 0 ||
-        fi_arg_check_dtype(&a->q, float_kinds, 3) < 0)
+        fi_arg_check_dtype(&a->q, q_kinds, 5) < 0)
         return -1;
-    int64_t d = a->q.t.shape[2];
-    if (d != 64 && d != 128 && d != 256) {
-        PyErr_Format(PyExc_ValueError, "q: head_dim %lld is not supported; accepted: 64, 128, 256",
-                     (long long)d);
+    int fp4 = a->k_sf.obj != NULL, vd = a->v.t.ndim - 1;
+    int64_t d = a->q.t.shape[2], dv = vd >= 0 ? a->v.t.shape[vd] * (fp4 ? 2 : 1) : d;
+    int kd = a->k.t.ndim - 1; /* k's rows are q's (v's may be narrower) */
+    if (kd >= 0 && fi_arg_check_dim(&a->k, kd, fp4 ? "head_dim / 2 (NVFP4 bytes)" : "head_dim",
+                                    fp4 ? d / 2 : d) < 0)
         return -1;
-    }
+    if (check_head_dims("q", d, dv) < 0)
+        return -1;
     p->head_dim = d;
+    p->head_dim_vo = dv;
     p->num_qo_heads = a->q.t.shape[1];
     p->q = a->q.t.data;
     p->q_dtype = a->q.t.dtype;
     p->q_stride_n = a->q.t.stride[0];
     p->q_stride_h = a->q.t.stride[1];
-    static const char *const dim_names[3] = {"rows", "heads", "head_dim"};
+    static const char *const dim_names[3] = {"rows", "heads", "head_dim_vo"};
+    int64_t out_shape[3] = {a->q.t.shape[0], a->q.t.shape[1], dv};
     if (fi_arg_check_ndim(&a->out, 3, NULL) < 0 || check_last_dim_contiguous(&a->out) < 0)
         return -1;
     for (int i = a->o_indptr.obj ? 1 : 0; i < 3; i++) /* o_indptr: out has its own rows */
-        if (fi_arg_check_dim(&a->out, i, dim_names[i], a->q.t.shape[i]) < 0)
+        if (fi_arg_check_dim(&a->out, i, dim_names[i], out_shape[i]) < 0)
             return -1;
     if (fi_arg_check_dtype(&a->out, float_kinds, 3) < 0)
         return -1;
@@ -369,6 +428,24 @@ static int check_sinks(attention_args *a, fi_attention_params *p)
     return 0;
 }
 
+/* Per-head FP8 scales: float32 [heads] (or [1], one for all), contiguous. */
+static int check_head_scale(fi_arg *a, int64_t heads, const float **out, int64_t *step)
+{
+    if (!a->obj)
+        return 0;
+    if (fi_arg_check_dtype(a, float32_kind, 1) < 0 || fi_arg_check_ndim(a, 1, "[heads]") < 0 ||
+        fi_arg_check_contiguous(a) < 0)
+        return -1;
+    if (a->t.shape[0] != heads && a->t.shape[0] != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld scales; accepted: one per head (%lld) or one",
+                     a->name, (long long)a->t.shape[0], (long long)heads);
+        return -1;
+    }
+    *out = a->t.data;
+    *step = a->t.shape[0] == heads ? 1 : 0;
+    return 0;
+}
+
 /* PyErr_Format has no %g, so the number is printed here. */
 static int scalar_error(const char *name, double value, const char *accepted)
 {
@@ -382,27 +459,12 @@ static int scalar_error(const char *name, double value, const char *accepted)
  * (the layout is HND) get them as the kernel takes them. */
 static int check_settings(const attention_settings *s, fi_attention_params *p, int *hnd)
 {
-    const char *layout = s->kv_layout, *pos_mode = s->pos_encoding_mode;
-    if (strcmp(layout, "NHD") == 0 || strcmp(layout, "HND") == 0) {
-        *hnd = layout[0] == 'H';
-    } else {
-        PyErr_Format(PyExc_ValueError,
-                     "kv_layout: '%.50s' is not supported; accepted: "
-                     "'NHD', 'HND'",
-                     layout);
+    int layout = check_name("kv_layout", s->kv_layout, kv_layouts, 2);
+    int mode = check_name("pos_encoding_mode", s->pos_encoding_mode, pos_encoding_modes, 3);
+    if (layout < 0 || mode < 0)
         return -1;
-    }
-    if (strcmp(pos_mode, "NONE") == 0) {
-        p->pos_encoding = FI_POS_ENCODING_NONE;
-    } else if (strcmp(pos_mode, "ROPE_LLAMA") == 0) {
-        p->pos_encoding = FI_POS_ENCODING_ROPE_LLAMA;
-    } else {
-        PyErr_Format(PyExc_ValueError,
-                     "pos_encoding_mode: '%.50s' is not supported; accepted: 'NONE', "
-                     "'ROPE_LLAMA'",
-                     pos_mode);
-        return -1;
-    }
+    *hnd = layout == 1;
+    p->pos_encoding = (fi_pos_encoding)mode;
     if (!(s->logits_soft_cap >= 0.0) || isinf(s->logits_soft_cap))
         return scalar_error("logits_soft_cap", s->logits_soft_cap,
                             "a finite value >= 0 (0 or None: off)");
@@ -435,7 +497,13 @@ static int check_all(attention_args *a, const attention_settings *s, fi_attentio
         return -1;
     p->kv_indptr = a->kv_indptr.t.data;
     if ((a->mask.obj && check_mask(a, p) < 0) || (a->o_indptr.obj && check_o_indptr(a, p) < 0) ||
-        (a->sinks.obj && check_sinks(a, p) < 0))
+        (a->sinks.obj && check_sinks(a, p) < 0) ||
+        check_head_scale(&a->q_head_scale, p->num_qo_heads, &p->q_head_scale,
+                         &p->q_head_scale_step) < 0 ||
+        check_head_scale(&a->k_head_scale, p->num_kv_heads, &p->k_head_scale,
+                         &p->k_head_scale_step) < 0 ||
+        check_head_scale(&a->v_head_scale, p->num_kv_heads, &p->v_head_scale,
+                         &p->v_head_scale_step) < 0)
         return -1;
     if (isnan(s->sm_scale))
         p->sm_scale = 1.0f / sqrtf((float)p->head_dim);
@@ -516,6 +584,13 @@ static PyObject *attention_cuda(attention_args *a, const attention_settings *s,
     fi_attention_params p;
     if (check_all(a, s, &p) < 0)
         goto done;
+    if (p.head_dim_vo != p.head_dim || p.head_dim > 256) {
+        PyErr_Format(PyExc_ValueError,
+                     "attention: head_dim %lld with head_dim_vo %lld runs on CPU tensors only; "
+                     "the CUDA kernel takes 64, 128, 256 (q, k and v alike)",
+                     (long long)p.head_dim, (long long)p.head_dim_vo);
+        goto done;
+    }
     /* Planning bounds from the checked host copies. */
     p.device = device;
     p.total_qo_rows = a->q.t.shape[0];
@@ -560,104 +635,134 @@ PyDoc_STRVAR(attention_doc,
              "          v_scale=1.0, pos_encoding_mode='NONE', rope_scale=1.0,\n"
              "          rope_theta=1e4, num_threads=1, stream=None, host_index=None,\n"
              "          v_indptr=None, o_indptr=None, sinks=None, k_sf=None, v_sf=None,\n"
-             "          kv_chunk=0)\n--\n\n"
+             "          kv_chunk=0, q_head_scale=None, k_head_scale=None, v_head_scale=None)\n"
+             "--\n\n"
              "Batched attention, written into out (and lse when given). CPU tensors, or\n"
              "(built with CUDA kernels) CUDA tensors all on one device, launched on stream\n"
              "(the integer torch.cuda.current_stream().cuda_stream; None: default stream).\n"
-             "q/out [total_qo, Hq, D]; k/v ragged [total_kv, Hkv, D] (NHD) or paged\n"
-             "[num_pages, page_size, Hkv, D] when kv_indices is given; int32 indptrs;\n"
-             "mask: uint8 bits (little-endian) per request from byte mask_indptr[b].\n"
+             "q [total_qo, Hq, D], out [total_qo, Hq, DV]; k/v ragged [total_kv, Hkv, D / DV]\n"
+             "(NHD) or paged [num_pages, page_size, Hkv, D / DV] when kv_indices is given;\n"
+             "(D, DV) one of HEAD_DIMS; int32 indptrs; mask: uint8 bits (little-endian) per\n"
+             "request from byte mask_indptr[b]. pos_encoding_mode: POS_ENCODING_MODES.\n"
              "sm_scale nan means 1/sqrt(D); it must already include q and k scales.\n"
              "v_indptr (ragged) / o_indptr: first row of request b in v / out.\n"
              "sinks: float32 [Hq] extra logits. k_sf/v_sf: E4M3 scales per 16 elements of\n"
-             "uint8 NVFP4 k/v (last dim D/2). kv_chunk: CUDA keys per split (0 auto, -1 none).\n"
+             "uint8 NVFP4 k/v (last dim D/2). q/k/v_head_scale: float32 per-head FP8 scales\n"
+             "([Hq] / [Hkv] / [Hkv], or [1]). kv_chunk: keys per KV split (0 the kernel's\n"
+             "choice, -1 none; fixed, a request's result does not depend on its batch).\n"
              "host_index: CPU int32 twins of (qo_indptr, kv_indptr, kv_indices,\n"
              "kv_last_page_len, mask_indptr, v_indptr, o_indptr) for CUDA tensors: checked\n"
              "instead of reading the device arrays back, which keeps run() capturable.");
 
-static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
-{
-    (void)module;
-    static char *kwlist[] = {"q",          "k",           "v",
-                             "out",        "lse",         "qo_indptr",
-                             "kv_indptr",  "kv_indices",  "kv_last_page_len",
-                             "mask",       "mask_indptr", "kv_layout",
-                             "causal",     "window_left", "logits_soft_cap",
-                             "sm_scale",   "v_scale",     "pos_encoding_mode",
-                             "rope_scale", "rope_theta",  "num_threads",
-                             "stream",     "host_index",  "v_indptr",
-                             "o_indptr",   "sinks",       "k_sf",
-                             "v_sf",       "kv_chunk",    NULL};
+/* One call's arguments as fi_args_parse fills them from attention_table. */
+typedef struct {
     attention_args a;
-    memset(&a, 0, sizeof(a));
-    attention_settings s = {.kv_layout = "NHD",
-                            .pos_encoding_mode = "NONE",
-                            .window_left = -1,
-                            .sm_scale = NAN,
-                            .v_scale = 1.0,
-                            .rope_scale = 1.0,
-                            .rope_theta = 1e4,
-                            .num_threads = 1};
-    PyObject *kv_indices = Py_None, *last_page_len = Py_None, *mask = Py_None,
-             *mask_indptr = Py_None, *lse = Py_None, *stream_obj = Py_None, *host_index = Py_None;
-    PyObject *v_indptr = Py_None, *o_indptr = Py_None, *sinks = Py_None, *k_sf = Py_None,
-             *v_sf = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "OOOOOOO|OOOOspLdddsddiOOOOOOOL", kwlist, &a.q.obj, &a.k.obj, &a.v.obj,
-            &a.out.obj, &lse, &a.qo_indptr.obj, &a.kv_indptr.obj, &kv_indices, &last_page_len,
-            &mask, &mask_indptr, &s.kv_layout, &s.causal, &s.window_left, &s.logits_soft_cap,
-            &s.sm_scale, &s.v_scale, &s.pos_encoding_mode, &s.rope_scale, &s.rope_theta,
-            &s.num_threads, &stream_obj, &host_index, &v_indptr, &o_indptr, &sinks, &k_sf, &v_sf,
-            &s.kv_chunk))
-        return NULL;
-    if ((k_sf != Py_None) != (v_sf != Py_None)) {
+    attention_settings s;
+    PyObject *stream, *host_index;
+} attention_call;
+
+#define AT(field) offsetof(attention_call, field)
+static const fi_argspec attention_table[] = {
+    {"q", AT(a.q), FI_ARG_TENSOR, 1},
+    {"k", AT(a.k), FI_ARG_TENSOR, 1},
+    {"v", AT(a.v), FI_ARG_TENSOR, 1},
+    {"out", AT(a.out), FI_ARG_TENSOR, 1},
+    {"lse", AT(a.lse), FI_ARG_TENSOR, 1},
+    {"qo_indptr", AT(a.qo_indptr), FI_ARG_TENSOR, 1},
+    {"kv_indptr", AT(a.kv_indptr), FI_ARG_TENSOR, 1},
+    {"kv_indices", AT(a.kv_indices), FI_ARG_TENSOR, 0},
+    {"kv_last_page_len", AT(a.kv_last_page_len), FI_ARG_TENSOR, 0},
+    {"mask", AT(a.mask), FI_ARG_TENSOR, 0},
+    {"mask_indptr", AT(a.mask_indptr), FI_ARG_TENSOR, 0},
+    {"kv_layout", AT(s.kv_layout), FI_ARG_STR, 0},
+    {"causal", AT(s.causal), FI_ARG_BOOL, 0},
+    {"window_left", AT(s.window_left), FI_ARG_INT64, 0},
+    {"logits_soft_cap", AT(s.logits_soft_cap), FI_ARG_DOUBLE, 0},
+    {"sm_scale", AT(s.sm_scale), FI_ARG_DOUBLE, 0},
+    {"v_scale", AT(s.v_scale), FI_ARG_DOUBLE, 0},
+    {"pos_encoding_mode", AT(s.pos_encoding_mode), FI_ARG_STR, 0},
+    {"rope_scale", AT(s.rope_scale), FI_ARG_DOUBLE, 0},
+    {"rope_theta", AT(s.rope_theta), FI_ARG_DOUBLE, 0},
+    {"num_threads", AT(s.num_threads), FI_ARG_INT, 0},
+    {"stream", AT(stream), FI_ARG_OBJECT, 0},
+    {"host_index", AT(host_index), FI_ARG_OBJECT, 0},
+    {"v_indptr", AT(a.v_indptr), FI_ARG_TENSOR, 0},
+    {"o_indptr", AT(a.o_indptr), FI_ARG_TENSOR, 0},
+    {"sinks", AT(a.sinks), FI_ARG_TENSOR, 0},
+    {"k_sf", AT(a.k_sf), FI_ARG_TENSOR, 0},
+    {"v_sf", AT(a.v_sf), FI_ARG_TENSOR, 0},
+    {"kv_chunk", AT(s.kv_chunk), FI_ARG_INT64, 0},
+    {"q_head_scale", AT(a.q_head_scale), FI_ARG_TENSOR, 0},
+    {"k_head_scale", AT(a.k_head_scale), FI_ARG_TENSOR, 0},
+    {"v_head_scale", AT(a.v_head_scale), FI_ARG_TENSOR, 0},
+};
+#undef AT
+
+/* Arguments given only together: both or neither. */
+static int check_pairs(const attention_args *a)
+{
+    if ((a->k_sf.obj != NULL) != (a->v_sf.obj != NULL)) {
         PyErr_SetString(PyExc_ValueError, "k_sf and v_sf: give both (NVFP4 KV) or neither");
-        return NULL;
+        return -1;
     }
-    int paged = kv_indices != Py_None;
-    if (paged != (last_page_len != Py_None)) {
+    if ((a->kv_indices.obj != NULL) != (a->kv_last_page_len.obj != NULL)) {
         PyErr_SetString(PyExc_ValueError,
                         "kv_indices and kv_last_page_len: give both (paged KV) or neither "
                         "(ragged KV)");
-        return NULL;
+        return -1;
     }
-    if ((mask != Py_None) != (mask_indptr != Py_None)) {
+    if ((a->mask.obj != NULL) != (a->mask_indptr.obj != NULL)) {
         PyErr_SetString(PyExc_ValueError, "mask and mask_indptr: give both or neither");
-        return NULL;
+        return -1;
     }
-    a.q.name = "q";
-    a.k.name = paged ? "k_cache" : "k";
-    a.v.name = paged ? "v_cache" : "v";
-    a.out.name = "out";
-    a.lse.name = "lse";
-    a.qo_indptr.name = "qo_indptr";
-    a.kv_indptr.name = "kv_indptr";
-    a.kv_indices.name = "kv_indices";
-    a.kv_last_page_len.name = "kv_last_page_len";
-    a.mask.name = "custom_mask";
-    a.mask_indptr.name = "mask_indptr";
-    a.v_indptr.name = "v_indptr";
-    a.o_indptr.name = "o_indptr";
-    a.sinks.name = "sinks";
-    a.k_sf.name = "k_sf";
-    a.v_sf.name = "v_sf";
-    a.lse.obj = lse == Py_None ? NULL : lse;
-    a.kv_indices.obj = paged ? kv_indices : NULL;
-    a.kv_last_page_len.obj = paged ? last_page_len : NULL;
-    a.mask.obj = mask == Py_None ? NULL : mask;
-    a.mask_indptr.obj = mask == Py_None ? NULL : mask_indptr;
-    a.v_indptr.obj = v_indptr == Py_None ? NULL : v_indptr;
-    a.o_indptr.obj = o_indptr == Py_None ? NULL : o_indptr;
-    a.sinks.obj = sinks == Py_None ? NULL : sinks;
-    a.k_sf.obj = k_sf == Py_None ? NULL : k_sf;
-    a.v_sf.obj = v_sf == Py_None ? NULL : v_sf;
+    return 0;
+}
 
-    fi_arg *all[] = {&a.q,         &a.k,           &a.v,
-                     &a.out,       &a.lse,         &a.qo_indptr,
-                     &a.kv_indptr, &a.kv_indices,  &a.kv_last_page_len,
-                     &a.mask,      &a.mask_indptr, &a.v_indptr,
-                     &a.o_indptr,  &a.sinks,       &a.k_sf,
-                     &a.v_sf};
+static PyObject *attention(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    (void)module;
+    attention_call c;
+    memset(&c, 0, sizeof(c));
+    c.s = (attention_settings){.kv_layout = "NHD",
+                               .pos_encoding_mode = "NONE",
+                               .window_left = -1,
+                               .sm_scale = NAN,
+                               .v_scale = 1.0,
+                               .rope_scale = 1.0,
+                               .rope_theta = 1e4,
+                               .num_threads = 1};
+    c.stream = c.host_index = Py_None;
+    if (fi_args_parse("attention", attention_table, FI_ARGS_COUNT(attention_table), &c, args, nargs,
+                      kwnames) < 0)
+        return NULL;
+    attention_args *a = &c.a;
+    if (check_pairs(a) < 0)
+        return NULL;
+    int paged = a->kv_indices.obj != NULL;
+    a->k.name = paged ? "k_cache" : "k";
+    a->v.name = paged ? "v_cache" : "v";
+    a->mask.name = "custom_mask";
+
+    fi_arg *all[] = {&a->q,
+                     &a->k,
+                     &a->v,
+                     &a->out,
+                     &a->lse,
+                     &a->qo_indptr,
+                     &a->kv_indptr,
+                     &a->kv_indices,
+                     &a->kv_last_page_len,
+                     &a->mask,
+                     &a->mask_indptr,
+                     &a->v_indptr,
+                     &a->o_indptr,
+                     &a->sinks,
+                     &a->k_sf,
+                     &a->v_sf,
+                     &a->q_head_scale,
+                     &a->k_head_scale,
+                     &a->v_head_scale};
     fi_arg *present[sizeof(all) / sizeof(all[0])];
     int n = 0;
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -670,13 +775,13 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     if (fi_args_check_devices("attention", present, n) < 0)
         return NULL;
 #ifdef FI_WITH_CUDA
-    if (a.q.t.device_type == FI_DEVICE_CUDA)
-        return attention_cuda(&a, &s, stream_obj, host_index);
+    if (a->q.t.device_type == FI_DEVICE_CUDA)
+        return attention_cuda(a, &c.s, c.stream, c.host_index);
 #endif
     fi_attention_params p;
-    if (check_all(&a, &s, &p) < 0)
+    if (check_all(a, &c.s, &p) < 0)
         return NULL;
-    int num_threads = s.num_threads < 1 ? 1 : s.num_threads;
+    int num_threads = c.s.num_threads < 1 ? 1 : c.s.num_threads;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fi_attention_cpu(&p, num_threads);
@@ -686,10 +791,103 @@ static PyObject *attention(PyObject *module, PyObject *args, PyObject *kwargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(check_attention_plan_doc,
+             "check_attention_plan(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,\n"
+             "                     kv_layout, pos_encoding_mode)\n--\n\n"
+             "Raises the ValueError attention() would for these settings (a plan's checks);\n"
+             "None when they are accepted.");
+
+typedef struct {
+    long long num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo;
+    const char *kv_layout, *pos_encoding_mode;
+} plan_settings;
+
+#define PS(field) offsetof(plan_settings, field)
+static const fi_argspec plan_table[] = {
+    {"num_qo_heads", PS(num_qo_heads), FI_ARG_INT64, 1},
+    {"num_kv_heads", PS(num_kv_heads), FI_ARG_INT64, 1},
+    {"head_dim_qk", PS(head_dim_qk), FI_ARG_INT64, 1},
+    {"head_dim_vo", PS(head_dim_vo), FI_ARG_INT64, 1},
+    {"kv_layout", PS(kv_layout), FI_ARG_STR, 1},
+    {"pos_encoding_mode", PS(pos_encoding_mode), FI_ARG_STR, 1},
+};
+#undef PS
+
+static PyObject *check_attention_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                      PyObject *kwnames)
+{
+    (void)module;
+    plan_settings ps;
+    if (fi_args_parse("check_attention_plan", plan_table, FI_ARGS_COUNT(plan_table), &ps, args,
+                      nargs, kwnames) < 0)
+        return NULL;
+    if (!heads_divide(ps.num_qo_heads, ps.num_kv_heads))
+        return PyErr_Format(PyExc_ValueError,
+                            "num_kv_heads: %lld does not divide num_qo_heads %lld; accepted: a "
+                            "divisor of num_qo_heads",
+                            ps.num_kv_heads, ps.num_qo_heads);
+    if (check_head_dims(ps.head_dim_qk == ps.head_dim_vo ? "head_dim" : "head_dim_qk",
+                        ps.head_dim_qk, ps.head_dim_vo) < 0 ||
+        check_name("kv_layout", ps.kv_layout, kv_layouts, 2) < 0 ||
+        check_name("pos_encoding_mode", ps.pos_encoding_mode, pos_encoding_modes, 3) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef attention_methods[] = {
-    {"attention", (PyCFunction)(void (*)(void))attention, METH_VARARGS | METH_KEYWORDS,
+    {"attention", (PyCFunction)(void (*)(void))attention, METH_FASTCALL | METH_KEYWORDS,
      attention_doc},
+    {"check_attention_plan", (PyCFunction)(void (*)(void))check_attention_plan,
+     METH_FASTCALL | METH_KEYWORDS, check_attention_plan_doc},
     {NULL, NULL, 0, NULL},
 };
 
-int fi_attention_exec(PyObject *module) { return PyModule_AddFunctions(module, attention_methods); }
+/* A tuple of the n strings. */
+static PyObject *name_tuple(const char *const *names, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(names[i]);
+        if (!s) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+static PyObject *head_dim_tuple(void)
+{
+    PyObject *t = PyTuple_New(NUM_HEAD_DIM_PAIRS);
+    for (int i = 0; t && i < NUM_HEAD_DIM_PAIRS; i++) {
+        PyObject *pair =
+            Py_BuildValue("(LL)", (long long)head_dim_pairs[i][0], (long long)head_dim_pairs[i][1]);
+        if (!pair) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, pair);
+    }
+    return t;
+}
+
+/* PyModule_AddObjectRef of a new reference (NULL: the error already set), released. */
+static int add_owned(PyObject *module, const char *name, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, name, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+int fi_attention_exec(PyObject *module)
+{
+    if (PyModule_AddFunctions(module, attention_methods) < 0 ||
+        add_owned(module, "KV_LAYOUTS", name_tuple(kv_layouts, 2)) < 0 ||
+        add_owned(module, "POS_ENCODING_MODES", name_tuple(pos_encoding_modes, 3)) < 0 ||
+        add_owned(module, "HEAD_DIMS", head_dim_tuple()) < 0)
+        return -1;
+    return 0;
+}

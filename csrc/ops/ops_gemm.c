@@ -2,7 +2,11 @@
  * dtypes, shapes, output buffers) and runs the CPU or CUDA kernels with the GIL released. */
 #include "ops_gemm.h"
 
+#include <stddef.h>
+#include <string.h>
+
 #include "args.h"
+#include "fi_numeric.h"
 #include "tensor.h"
 
 /* Contiguous, or the transpose of a contiguous 2-D tensor (b_descale is passed as sf.T). */
@@ -266,7 +270,7 @@ static int check_sf_numel(const fi_arg *a, int64_t want)
 static int check_per_token(fi_fp4_quantize_params *p, fi_arg *pts, fi_arg *os, int64_t m)
 {
     static const fi_dtype f32[] = {FI_DTYPE_F32};
-    if (p->sf_vec_size != 16 || p->sf_ue8m0 || !p->global_scale || p->global_scale_inversed) {
+    if (p->sf_vec_size != 16 || p->sf_ue8m0 || p->global_scale_inversed) {
         PyErr_SetString(PyExc_ValueError,
                         "per_token_scale: per-token quantization is NVFP4 (sf_vec_size 16, E4M3 "
                         "scales) with a global_scale that is not inversed");
@@ -321,77 +325,147 @@ static int check_row_map(const fi_arg *map, int64_t m, void *stream)
     return rc;
 }
 
+/* The global scale as the kernel takes it: a number (p->global_scale_value), a CPU
+ * one-element float32/float16/bfloat16 tensor (its value read here), or a float32 tensor
+ * on the input's CUDA device (p->global_scale). None: 1. */
+static int read_global_scale(fi_arg *gs, const fi_arg *x, fi_fp4_quantize_params *p)
+{
+    p->global_scale_value = 1.0f;
+    if (!gs->obj)
+        return 0;
+    if (!fi_is_tensor(gs->obj)) {
+        if (PyBool_Check(gs->obj) || !(PyFloat_Check(gs->obj) || PyLong_Check(gs->obj))) {
+            PyErr_Format(PyExc_TypeError,
+                         "global_scale: expected a number or a one-element tensor, got %.200s",
+                         Py_TYPE(gs->obj)->tp_name);
+            return -1;
+        }
+        double v = PyFloat_AsDouble(gs->obj);
+        if (v == -1.0 && PyErr_Occurred())
+            return -1;
+        p->global_scale_value = (float)v;
+        return 0;
+    }
+    static const fi_dtype scalar_kinds[] = {FI_DTYPE_F32, FI_DTYPE_F16, FI_DTYPE_BF16};
+    if (fi_arg_read(gs) < 0 || fi_arg_check_dtype(gs, scalar_kinds, 3) < 0)
+        return -1;
+    if (fi_tensor_numel(&gs->t) != 1) {
+        PyErr_Format(PyExc_ValueError, "global_scale: expected one value, got %lld elements",
+                     (long long)fi_tensor_numel(&gs->t));
+        return -1;
+    }
+    if (gs->t.device_type == FI_DEVICE_CPU) {
+        uint16_t h;
+        switch (gs->t.dtype) {
+        case FI_DTYPE_F16:
+            memcpy(&h, gs->t.data, 2);
+            p->global_scale_value = fi_f16_to_f32(h);
+            break;
+        case FI_DTYPE_BF16:
+            memcpy(&h, gs->t.data, 2);
+            p->global_scale_value = fi_bf16_to_f32(h);
+            break;
+        default:
+            memcpy(&p->global_scale_value, gs->t.data, 4);
+        }
+        return 0;
+    }
+    static const fi_dtype f32[] = {FI_DTYPE_F32};
+    fi_arg *pair[2] = {(fi_arg *)x, gs};
+    if (fi_args_check_devices("fp4_quantize", pair, 2) < 0 || fi_arg_check_dtype(gs, f32, 1) < 0)
+        return -1;
+    p->global_scale = gs->t.data;
+    return 0;
+}
+
 PyDoc_STRVAR(fp4_quantize_doc,
              "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
              "             is_global_scale_inversed, num_threads, stream=0,\n"
              "             per_token_scale=None, out_scale=None, row_map=None)\n--\n\n"
-             "Quantizes input [m, k] into x_q [m, k/2] (uint8) and block scales sf.\n"
-             "per_token_scale (float32 [m]): one scale per row, amax * global_scale, written\n"
-             "there times out_scale; row_map (int32): only rows row_map[i] >= 0, i < m.");
+             "Quantizes input [m, k] (float32, float16, bfloat16 or float8_e4m3fn) into x_q\n"
+             "[m, k/2] (uint8) and block scales sf. global_scale: None (1), a number, or a\n"
+             "one-element tensor (float32/float16/bfloat16 on the CPU, float32 on CUDA).\n"
+             "per_token_scale (float32 [m]): one decode scale per row (FlashInfer's order of\n"
+             "operations), times out_scale; row_map (int32): only rows row_map[i] >= 0, i < m.");
 
-static PyObject *py_fp4_quantize(PyObject *self, PyObject *args)
+typedef struct {
+    fi_arg x, gs, xq, sf, pts, os, map;
+    int sv, ue8m0, layout, inversed, num_threads;
+    long long stream;
+} fp4_quantize_call;
+
+#define FQ(f) offsetof(fp4_quantize_call, f)
+static const fi_argspec fp4_quantize_table[] = {
+    {"input", FQ(x), FI_ARG_TENSOR, 1},
+    {"global_scale", FQ(gs), FI_ARG_TENSOR, 1},
+    {"x_q", FQ(xq), FI_ARG_TENSOR, 1},
+    {"sf", FQ(sf), FI_ARG_TENSOR, 1},
+    {"sf_vec_size", FQ(sv), FI_ARG_INT, 1},
+    {"sf_use_ue8m0", FQ(ue8m0), FI_ARG_BOOL, 1},
+    {"sf_layout", FQ(layout), FI_ARG_INT, 1},
+    {"is_global_scale_inversed", FQ(inversed), FI_ARG_BOOL, 1},
+    {"num_threads", FQ(num_threads), FI_ARG_INT, 1},
+    {"stream", FQ(stream), FI_ARG_INT64, 0},
+    {"per_token_scale", FQ(pts), FI_ARG_TENSOR, 0},
+    {"out_scale", FQ(os), FI_ARG_TENSOR, 0},
+    {"row_map", FQ(map), FI_ARG_TENSOR, 0},
+};
+#undef FQ
+
+static PyObject *py_fp4_quantize(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames)
 {
     (void)self;
-    fi_arg x = {.name = "input"}, gs = {.name = "global_scale"}, xq = {.name = "x_q"},
-           sf = {.name = "sf"}, pts = {.name = "per_token_scale"}, os = {.name = "out_scale"},
-           map = {.name = "expanded_idx_to_permuted_idx"};
-    int sv, ue8m0, layout, inversed, num_threads;
-    unsigned long long stream = 0;
-    PyObject *pts_obj = Py_None, *os_obj = Py_None, *map_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOipipi|KOOO:fp4_quantize", &x.obj, &gs.obj, &xq.obj, &sf.obj,
-                          &sv, &ue8m0, &layout, &inversed, &num_threads, &stream, &pts_obj, &os_obj,
-                          &map_obj))
+    fp4_quantize_call c = {.stream = 0};
+    if (fi_args_parse("fp4_quantize", fp4_quantize_table, FI_ARGS_COUNT(fp4_quantize_table), &c,
+                      args, nargs, kwnames) < 0)
         return NULL;
-    pts.obj = pts_obj == Py_None ? NULL : pts_obj;
-    os.obj = os_obj == Py_None ? NULL : os_obj;
-    map.obj = map_obj == Py_None ? NULL : map_obj;
-    if (os.obj && !pts.obj)
+    c.map.name = "expanded_idx_to_permuted_idx";
+    if (c.os.obj && !c.pts.obj)
         return PyErr_Format(PyExc_ValueError, "out_scale: only with per_token_scale");
-    fi_arg *all[7] = {&x, &xq, &sf};
+    fi_arg *all[6] = {&c.x, &c.xq, &c.sf};
     int n = 3;
-    fi_arg *optional[4] = {&gs, &pts, &os, &map};
-    for (int i = 0; i < 4; i++)
-        if (optional[i]->obj && optional[i]->obj != Py_None)
+    fi_arg *optional[3] = {&c.pts, &c.os, &c.map};
+    for (int i = 0; i < 3; i++)
+        if (optional[i]->obj)
             all[n++] = optional[i];
     for (int i = 0; i < n; i++)
         if (fi_arg_read(all[i]) < 0)
             return NULL;
-    static const fi_dtype floats[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32};
+    static const fi_dtype inputs[] = {FI_DTYPE_F16, FI_DTYPE_BF16, FI_DTYPE_F32, FI_DTYPE_E4M3FN};
     static const fi_dtype u8[] = {FI_DTYPE_U8};
     if (fi_args_check_devices("fp4_quantize", all, n) < 0 ||
-        fi_arg_check_dtype(&x, floats, 3) < 0 || fi_arg_check_ndim(&x, 2, "[m, k]") < 0 ||
-        check_layout(layout) < 0 || check_threads(num_threads) < 0)
+        fi_arg_check_dtype(&c.x, inputs, 4) < 0 || fi_arg_check_ndim(&c.x, 2, "[m, k]") < 0 ||
+        check_layout(c.layout) < 0 || check_threads(c.num_threads) < 0)
         return NULL;
-    if (sv != 16 && sv != 32)
+    if (c.sv != 16 && c.sv != 32)
         return PyErr_Format(PyExc_ValueError, "sf_vec_size: %d is not supported; expected 16 or 32",
-                            sv);
-    int64_t m = x.t.shape[0], k = x.t.shape[1];
-    if (k % sv != 0)
+                            c.sv);
+    int64_t m = c.x.t.shape[0], k = c.x.t.shape[1];
+    if (k % c.sv != 0)
         return PyErr_Format(PyExc_ValueError,
                             "input: k = %lld (the last dimension) must be a multiple of "
                             "sf_vec_size = %d",
-                            (long long)k, sv);
+                            (long long)k, c.sv);
     int64_t want_q[2] = {m, k / 2};
-    int has_gs = gs.obj != Py_None;
-    if ((has_gs && check_scalar_f32(&gs) < 0) || fi_arg_check_dtype(&xq, u8, 1) < 0 ||
-        fi_arg_check_shape(&xq, want_q, 2) < 0 || fi_arg_check_contiguous(&xq) < 0 ||
-        fi_arg_check_dtype(&sf, u8, 1) < 0 || fi_arg_check_contiguous(&sf) < 0 ||
-        check_sf_numel(&sf, fi_sf_bytes(m, k / sv, (fi_sf_layout)layout)) < 0)
+    fi_fp4_quantize_params p = {.x = c.x.t,
+                                .global_scale_inversed = c.inversed,
+                                .sf_vec_size = c.sv,
+                                .sf_ue8m0 = c.ue8m0,
+                                .sf_layout = (fi_sf_layout)c.layout,
+                                .num_threads = c.num_threads,
+                                .stream = (void *)(uintptr_t)c.stream};
+    if (read_global_scale(&c.gs, &c.x, &p) < 0 || fi_arg_check_dtype(&c.xq, u8, 1) < 0 ||
+        fi_arg_check_shape(&c.xq, want_q, 2) < 0 || fi_arg_check_contiguous(&c.xq) < 0 ||
+        fi_arg_check_dtype(&c.sf, u8, 1) < 0 || fi_arg_check_contiguous(&c.sf) < 0 ||
+        check_sf_numel(&c.sf, fi_sf_bytes(m, k / c.sv, (fi_sf_layout)c.layout)) < 0)
         return NULL;
-    fi_fp4_quantize_params p = {.x = x.t,
-                                .x_q = xq.t.data,
-                                .sf = sf.t.data,
-                                .global_scale = has_gs ? gs.t.data : NULL,
-                                .global_scale_inversed = inversed,
-                                .sf_vec_size = sv,
-                                .sf_ue8m0 = ue8m0,
-                                .sf_layout = (fi_sf_layout)layout,
-                                .num_threads = num_threads,
-                                .stream = (void *)(uintptr_t)stream};
-    if ((pts.obj && check_per_token(&p, &pts, &os, m) < 0) ||
-        (map.obj && check_row_map(&map, m, p.stream) < 0))
+    p.x_q = c.xq.t.data;
+    p.sf = c.sf.t.data;
+    if ((c.pts.obj && check_per_token(&p, &c.pts, &c.os, m) < 0) ||
+        (c.map.obj && check_row_map(&c.map, m, p.stream) < 0))
         return NULL;
-    p.row_map = map.obj ? map.t.data : NULL;
+    p.row_map = c.map.obj ? c.map.t.data : NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_fp4_quantize(&p);
@@ -505,7 +579,8 @@ static PyMethodDef gemm_methods[] = {
     {"cublaslt_library", py_cublaslt_library, METH_VARARGS, cublaslt_library_doc},
     {"bmm_fp8", py_bmm_fp8, METH_VARARGS, bmm_fp8_doc},
     {"mm_fp8", py_mm_fp8, METH_VARARGS, mm_fp8_doc},
-    {"fp4_quantize", py_fp4_quantize, METH_VARARGS, fp4_quantize_doc},
+    {"fp4_quantize", (PyCFunction)(void (*)(void))py_fp4_quantize, METH_FASTCALL | METH_KEYWORDS,
+     fp4_quantize_doc},
     {"mm_fp4", py_mm_fp4, METH_VARARGS, mm_fp4_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -6,10 +6,12 @@
 #include "cuda_info.h"
 #include "ops_attention.h"
 #include "ops_gemm.h"
+#include "ops_quant.h"
 #include "tensor.h"
 
 PyDoc_STRVAR(module_doc, "flashinfer._kernels: checked entry points to the CPU and CUDA "
-                         "kernels (attention, fp8/fp4 GEMMs, fp4 quantization).");
+                         "kernels (attention, fp8/fp4 GEMMs, fp4 quantization and layouts, gated "
+                         "activations).");
 
 static int tensor_exec(PyObject *module)
 {
@@ -18,11 +20,8 @@ static int tensor_exec(PyObject *module)
 }
 
 static PyModuleDef_Slot module_slots[] = {
-    {Py_mod_exec, tensor_exec},
-    {Py_mod_exec, fi_attention_exec},
-    {Py_mod_exec, fi_gemm_exec},
-    {Py_mod_exec, fi_cuda_info_exec},
-    {0, NULL},
+    {Py_mod_exec, tensor_exec},   {Py_mod_exec, fi_attention_exec}, {Py_mod_exec, fi_gemm_exec},
+    {Py_mod_exec, fi_quant_exec}, {Py_mod_exec, fi_cuda_info_exec}, {0, NULL},
 };
 
 static PyModuleDef module_def = {

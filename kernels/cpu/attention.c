@@ -1,6 +1,6 @@
 /* attention.c: CPU attention for decode and prefill over ragged or paged KV: GQA,
- * causal/window/custom masks, soft cap, RoPE, fp8 and NVFP4 KV, attention sinks; fp32
- * online softmax. */
+ * causal/window/custom masks, soft cap, RoPE, ALiBi, fp8 and NVFP4 KV, per-head fp8 scales,
+ * attention sinks, V rows narrower than K's; fp32 online softmax. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,10 +38,10 @@ typedef struct {
 /* Per-thread scratch: converted queries, accumulators, one KV block. */
 typedef struct {
     float *qf;           /* [vectors][D] rotated, pre-scaled queries */
-    float *acc;          /* [vectors][D] */
+    float *acc;          /* [vectors][DV] (DV: head_dim_vo) */
     float *m, *l, *corr; /* [vectors] running max, sum, this block's rescale */
     float *s;            /* [vectors][KV_ROWS] scores, then probabilities */
-    float *kf, *vf;      /* [KV_BLOCK][D] keys (rotated) and values widened to f32 */
+    float *kf, *vf;      /* [KV_BLOCK][D] keys (rotated), [KV_BLOCK][DV] values, as f32 */
     float *freq;         /* [D / 2] RoPE frequencies */
     float *zero_row;     /* [D] zeros: the key rows that pad a block */
     int widen;           /* this task's KV goes through kf and vf */
@@ -167,7 +167,7 @@ static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_
                               int64_t nb, const void **krow, const void **vrow)
 {
     const fi_attention_params *p = jb->p;
-    int64_t d = p->head_dim;
+    int64_t d = p->head_dim, dv = p->head_dim_vo;
     const char *k[KV_BLOCK], *v[KV_BLOCK];
     block_rows(p, b, kv_head, j0, nb, k, v);
     for (int64_t j = nb; j < KV_ROWS; j++)
@@ -181,7 +181,7 @@ static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_
     }
     int fp4 = p->kv_dtype == FI_DTYPE_FP4X2;
     for (int64_t j = 0; j < nb; j++) {
-        float *kr = sc->kf + j * d, *vr = sc->vf + j * d;
+        float *kr = sc->kf + j * d, *vr = sc->vf + j * dv;
         if (fp4)
             load_fp4_row((const uint8_t *)k[j], fp4_scales(p, 0, b, j0 + j, kv_head), d, kr);
         else
@@ -189,9 +189,9 @@ static fi_dtype block_kv_rows(const job *jb, scratch *sc, int64_t b, int64_t kv_
         if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
             apply_rope(kr, d, sc->freq, j0 + j);
         if (fp4)
-            load_fp4_row((const uint8_t *)v[j], fp4_scales(p, 1, b, j0 + j, kv_head), d, vr);
+            load_fp4_row((const uint8_t *)v[j], fp4_scales(p, 1, b, j0 + j, kv_head), dv, vr);
         else
-            jb->ops->widen(v[j], p->kv_dtype, d, vr);
+            jb->ops->widen(v[j], p->kv_dtype, dv, vr);
         krow[j] = kr;
         vrow[j] = vr;
     }
@@ -208,15 +208,17 @@ typedef struct {
 static void next_block_rows(const fi_attention_params *p, int64_t b, int64_t kv_head, int64_t j0,
                             int64_t nb, next_rows *nr)
 {
-    int64_t bytes = p->head_dim * (int64_t)fi_dtype_size(p->kv_dtype);
+    int64_t esize = (int64_t)fi_dtype_size(p->kv_dtype);
     block_rows(p, b, kv_head, j0, nb, nr->k, nr->v);
-    nr->kpf = (fi_row_prefetch){nr->k, nb, bytes};
-    nr->vpf = (fi_row_prefetch){nr->v, nb, bytes};
+    nr->kpf = (fi_row_prefetch){nr->k, nb, p->head_dim * esize};
+    nr->vpf = (fi_row_prefetch){nr->v, nb, p->head_dim_vo * esize};
 }
 
-/* Scores of one query vector against the block, in place: hidden keys -inf, soft cap. */
+/* Scores of one query vector (query position pos, ALiBi slope alibi, 0 for none) against
+ * the block, in place: hidden keys -inf, the ALiBi bias, then the soft cap. */
 static void mask_scores(const fi_attention_params *p, float *s, int64_t b, int64_t row,
-                        int64_t kv_len, int64_t j0, int64_t nb, int64_t lo, int64_t hi)
+                        int64_t kv_len, int64_t j0, int64_t nb, int64_t lo, int64_t hi, float alibi,
+                        int64_t pos)
 {
     const uint8_t *mask = p->mask ? p->mask + p->mask_indptr[b] : NULL;
     float cap = p->logits_soft_cap;
@@ -227,9 +229,12 @@ static void mask_scores(const fi_attention_params *p, float *s, int64_t b, int64
             int64_t bit = row * kv_len + key;
             visible = (mask[bit >> 3] >> (bit & 7)) & 1;
         }
-        if (!visible)
+        if (!visible) {
             s[j] = -INFINITY;
-        else if (cap > 0.0f)
+            continue;
+        }
+        s[j] += alibi * (float)(key - pos);
+        if (cap > 0.0f)
             s[j] = cap * tanhf(s[j] / cap);
     }
 }
@@ -273,6 +278,7 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
 {
     const fi_attention_params *p = jb->p;
     int64_t d = p->head_dim, g = jb->group, ra = -1, rb = -1;
+    int alibi = p->pos_encoding == FI_POS_ENCODING_ALIBI;
     for (int64_t r = 0; r < t->row1 - t->row0; r++) {
         int64_t lo, hi;
         visible_range(p, t->row0 + r, qo_len, kv_len, &lo, &hi);
@@ -288,17 +294,24 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
     for (int64_t r = ra; r < rb; r++) {
         int64_t row = t->row0 + r, lo, hi;
         visible_range(p, row, qo_len, kv_len, &lo, &hi);
-        int whole = lo <= j0 && hi >= j0 + nb - 1 && !p->mask && !(p->logits_soft_cap > 0.0f);
+        int whole =
+            lo <= j0 && hi >= j0 + nb - 1 && !p->mask && !(p->logits_soft_cap > 0.0f) && !alibi;
         for (int64_t gi = 0; gi < g; gi++) {
             int64_t vec = v0 + r * g + gi;
             float *s = sc->s + (vec - va) * KV_ROWS;
+            /* v0 starts the vectors of kv head t->head0 + v0 / per_head (vector_place) */
+            int64_t per_head = (t->row1 - t->row0) * g;
+            float slope =
+                alibi ? fi_alibi_slope((t->head0 + v0 / per_head) * g + gi, p->num_qo_heads) : 0.0f;
             if (!whole)
-                mask_scores(p, s, t->request, row, kv_len, j0, nb, lo, hi);
+                mask_scores(p, s, t->request, row, kv_len, j0, nb, lo, hi, slope,
+                            row + kv_len - qo_len);
             softmax_block(jb->ops, sc, vec, s, nb);
         }
     }
-    jb->ops->accumulate(sc->s, KV_ROWS, nv, sc->corr + va, vrow, row_dtype, nb, d, sc->acc + va * d,
-                        &next->vpf);
+    int64_t dv = p->head_dim_vo;
+    jb->ops->accumulate(sc->s, KV_ROWS, nv, sc->corr + va, vrow, row_dtype, nb, dv,
+                        sc->acc + va * dv, &next->vpf);
 }
 
 /* The softmax's last step for query row `row` of request b, qo head `head`: the sink
@@ -307,12 +320,16 @@ static void attend_block(const job *jb, scratch *sc, const task *t, int64_t v0, 
 static void finish_vector(const fi_attention_params *p, const float *acc, float m, float l,
                           int64_t b, int64_t row, int64_t head)
 {
-    int64_t d = p->head_dim, n = p->qo_indptr[b] + row;
+    int64_t d = p->head_dim_vo, n = p->qo_indptr[b] + row;
     int64_t no = p->o_indptr ? p->o_indptr[b] + row : n;
     float corr = 1.0f;
     if (p->sinks)
         add_sink(p->sinks[head], &m, &l, &corr);
-    float inv = l > 0.0f ? p->v_scale * corr / l : 0.0f;
+    float v_scale = p->v_scale;
+    if (p->v_head_scale)
+        v_scale *=
+            p->v_head_scale[p->v_head_scale_step * (head / (p->num_qo_heads / p->num_kv_heads))];
+    float inv = l > 0.0f ? v_scale * corr / l : 0.0f;
     char *oa = (char *)p->o +
                (no * p->o_stride_n + head * p->o_stride_h) * (int64_t)fi_dtype_size(p->o_dtype);
     for (int64_t i = 0; i < d; i++)
@@ -340,7 +357,7 @@ static void load_queries(const job *jb, scratch *sc, const task *t, int64_t qo_s
                          int64_t qo_len, int64_t kv_len)
 {
     const fi_attention_params *p = jb->p;
-    int64_t d = p->head_dim, qsize = (int64_t)fi_dtype_size(p->q_dtype);
+    int64_t d = p->head_dim, dv = p->head_dim_vo, qsize = (int64_t)fi_dtype_size(p->q_dtype);
     for (int64_t vec = 0; vec < task_vectors(jb, t); vec++) {
         int64_t row, head;
         vector_place(jb, t, vec, &row, &head);
@@ -350,9 +367,14 @@ static void load_queries(const job *jb, scratch *sc, const task *t, int64_t qo_s
         jb->ops->widen(qa, p->q_dtype, d, qf);
         if (p->pos_encoding == FI_POS_ENCODING_ROPE_LLAMA)
             apply_rope(qf, d, sc->freq, row + kv_len - qo_len);
+        float scale = p->sm_scale;
+        if (p->q_head_scale)
+            scale *= p->q_head_scale[p->q_head_scale_step * head];
+        if (p->k_head_scale)
+            scale *= p->k_head_scale[p->k_head_scale_step * (head / jb->group)];
         for (int64_t i = 0; i < d; i++)
-            qf[i] *= p->sm_scale;
-        memset(sc->acc + vec * d, 0, (size_t)d * sizeof(float));
+            qf[i] *= scale;
+        memset(sc->acc + vec * dv, 0, (size_t)dv * sizeof(float));
         sc->m[vec] = -INFINITY;
         sc->l[vec] = 0.0f;
     }
@@ -364,7 +386,7 @@ static void merge_split(const job *jb, const split_group *sg)
 {
     const fi_attention_params *p = jb->p;
     const task *t = &jb->tasks[sg->first_task];
-    int64_t d = p->head_dim, nv = task_vectors(jb, t);
+    int64_t d = p->head_dim_vo, nv = task_vectors(jb, t);
     for (int64_t vec = 0; vec < nv; vec++) {
         float m = -INFINITY, l = 0.0f;
         for (int64_t c = 0; c < sg->num_tasks; c++) {
@@ -401,7 +423,7 @@ static int task_widens(const job *jb, int64_t per_head)
 static void run_task(job *jb, scratch *sc, const task *t)
 {
     const fi_attention_params *p = jb->p;
-    int64_t d = p->head_dim, b = t->request;
+    int64_t d = p->head_dim_vo, b = t->request;
     int64_t qo_start = p->qo_indptr[b];
     int64_t qo_len = (int64_t)p->qo_indptr[b + 1] - qo_start;
     int64_t kv_len = kv_len_of(p, b);
@@ -470,16 +492,16 @@ static float *alloc_floats(size_t n)
 static int scratch_init(scratch *sc, const job *jb)
 {
     const fi_attention_params *p = jb->p;
-    size_t d = (size_t)p->head_dim, nv = (size_t)jb->max_vectors;
+    size_t d = (size_t)p->head_dim, dv = (size_t)p->head_dim_vo, nv = (size_t)jb->max_vectors;
     memset(sc, 0, sizeof(*sc));
     sc->qf = alloc_floats(nv * d);
-    sc->acc = alloc_floats(nv * d);
+    sc->acc = alloc_floats(nv * dv);
     sc->m = alloc_floats(nv);
     sc->l = alloc_floats(nv);
     sc->corr = alloc_floats(nv);
     sc->s = alloc_floats(nv * KV_ROWS);
     sc->kf = alloc_floats(KV_BLOCK * d);
-    sc->vf = alloc_floats(KV_BLOCK * d);
+    sc->vf = alloc_floats(KV_BLOCK * dv);
     sc->freq = alloc_floats(d / 2 + 1);
     sc->zero_row = alloc_floats(d);
     if (!sc->qf || !sc->acc || !sc->m || !sc->l || !sc->corr || !sc->s || !sc->kf || !sc->vf ||
@@ -516,8 +538,9 @@ static void *worker(void *arg)
 /* The work of a call as tasks. Few query vectors per kv head (decode): one task takes
  * the kv heads of up to TILE_VECTORS vectors, so a token's heads, adjacent in memory, are
  * read together, and long KV is cut into chunks until the call has about SPLIT_TASKS
- * tasks. Otherwise (prefill): one kv head and up to TILE_VECTORS vectors per task, all
- * keys. Nothing here depends on the thread count. */
+ * tasks, or into the caller's fixed kv_chunk (then a request's tasks, and so its bits, do
+ * not depend on the rest of the batch). Otherwise (prefill): one kv head and up to
+ * TILE_VECTORS vectors per task, all keys. Nothing here depends on the thread count. */
 typedef struct {
     task *tasks;
     split_group *splits;
@@ -547,6 +570,8 @@ static void plan_request(const fi_attention_params *p, int64_t b, int64_t chunks
     int64_t heads = TILE_VECTORS / (qo_len * g), vectors;
     int64_t chunk = (kv_len + chunks_wanted - 1) / chunks_wanted;
     chunk = chunk < SPLIT_MIN_KEYS ? SPLIT_MIN_KEYS : (chunk + KV_BLOCK - 1) / KV_BLOCK * KV_BLOCK;
+    if (p->kv_chunk != 0) /* fixed by the caller: the same split whatever the batch */
+        chunk = p->kv_chunk > 0 ? p->kv_chunk : (kv_len > 0 ? kv_len : 1);
     int64_t chunks = kv_len > chunk ? (kv_len + chunk - 1) / chunk : 1;
     for (int64_t h0 = 0; h0 < hk; h0 += heads) {
         int64_t nh = min64(heads, hk - h0), split = chunks > 1 ? pl->num_splits++ : -1;
@@ -599,7 +624,7 @@ static int plan_build(const fi_attention_params *p, plan *pl, float **part)
     int64_t tasks = pl->num_tasks, splits = pl->num_splits, slots = pl->num_slots;
     pl->tasks = malloc((size_t)(tasks > 0 ? tasks : 1) * sizeof(task));
     pl->splits = malloc((size_t)(splits > 0 ? splits : 1) * sizeof(split_group));
-    *part = slots > 0 ? malloc((size_t)slots * (size_t)(p->head_dim + 2) * sizeof(float)) : NULL;
+    *part = slots > 0 ? malloc((size_t)slots * (size_t)(p->head_dim_vo + 2) * sizeof(float)) : NULL;
     if (!pl->tasks || !pl->splits || (slots > 0 && !*part)) {
         plan_free(pl);
         free(*part);
@@ -618,7 +643,8 @@ int fi_attention_cpu(const fi_attention_params *p, int num_threads)
     if (plan_build(p, &pl, &part) < 0)
         return -1;
     job jb = {.p = p,
-              .ops = fi_attention_block_ops_for(p->head_dim),
+              .ops =
+                  fi_attention_block_ops_for(p->head_dim % 32 == 0 ? p->head_dim_vo : p->head_dim),
               .tasks = pl.tasks,
               .splits = pl.splits,
               .part_m = part,

@@ -50,6 +50,8 @@ static float load_f32(const fi_tensor *x, const char *row, int64_t col)
     case FI_DTYPE_BF16:
         memcpy(&h, at, 2);
         return fi_bf16_to_f32(h);
+    case FI_DTYPE_E4M3FN:
+        return fi_e4m3fn_to_f32(*(const uint8_t *)at);
     default: {
         float f;
         memcpy(&f, at, 4);
@@ -781,7 +783,8 @@ typedef struct {
 static quantizer pick_quantizer(const fi_fp4_quantize_params *p)
 {
 #ifdef FI_HAVE_X86_SIMD
-    fi_isa isa = p->x.stride[1] == 1 ? fi_cpu_isa() : FI_ISA_PORTABLE;
+    int wide = p->x.stride[1] == 1 && p->x.dtype != FI_DTYPE_E4M3FN; /* f32, f16, bf16 */
+    fi_isa isa = wide ? fi_cpu_isa() : FI_ISA_PORTABLE;
     if (isa == FI_ISA_AVX512)
         return (quantizer){quantize_row_avx512, row_amax_avx512};
     if (isa == FI_ISA_AVX2)
@@ -804,9 +807,9 @@ typedef struct {
 static float per_token_global_scale(const quantize_range *qr, int64_t r)
 {
     const fi_fp4_quantize_params *p = qr->p;
-    float s = qr->quantize.row_amax(p, r) * *p->global_scale;
-    p->per_token_scale[r] = p->out_scale ? s * *p->out_scale : s;
-    return s != 0.0f ? 1.0f / s : 0.0f;
+    float decode, encode = fi_per_token_encode_scale(qr->quantize.row_amax(p, r), qr->gsf, &decode);
+    p->per_token_scale[r] = p->out_scale ? decode * *p->out_scale : decode;
+    return encode;
 }
 
 static void *quantize_rows(void *arg)
@@ -827,7 +830,7 @@ int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p)
 {
     int64_t m = p->x.shape[0], k = p->x.shape[1];
     memset(p->sf, 0, (size_t)fi_sf_bytes(m, k / p->sf_vec_size, p->sf_layout));
-    float gsf = p->global_scale ? *p->global_scale : 1.0f;
+    float gsf = p->global_scale ? *p->global_scale : p->global_scale_value;
     if (p->global_scale_inversed)
         gsf = 1.0f / gsf;
     enum { MAX_THREADS = 64, MIN_ROWS = 64 };

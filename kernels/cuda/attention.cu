@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "common.cuh"
+#include "fi_numeric.h"
 #include "flashinfer_kernels.h"
 
 #define NWARPS 4           /* query vectors per block, one per warp */
@@ -240,13 +241,20 @@ __global__ void __launch_bounds__(NWARPS * 32)
 
     const char *qa =
         (const char *)p.q + (n * p.q_stride_n + head * p.q_stride_h) * elem_size(p.q_dtype);
+    float q_scale = p.sm_scale; /* with the per-head FP8 scales of q and k */
+    if (p.q_head_scale)
+        q_scale *= p.q_head_scale[p.q_head_scale_step * head];
+    if (p.k_head_scale)
+        q_scale *= p.k_head_scale[p.k_head_scale_step * kvh];
     for (int i = lane; i < half; i += 32) {
         float x0 = load_value(qa, i, p.q_dtype), x1 = load_value(qa, i + half, p.q_dtype);
         if (rope)
             rope_pair(&x0, &x1, freq[i], row + kv_len - qo_len);
-        qs[warp][i] = x0 * p.sm_scale;
-        qs[warp][i + half] = x1 * p.sm_scale;
+        qs[warp][i] = x0 * q_scale;
+        qs[warp][i + half] = x1 * q_scale;
     }
+    const float alibi =
+        p.pos_encoding == FI_POS_ENCODING_ALIBI ? fi_alibi_slope(head, p.num_qo_heads) : 0.0f;
 
     /* Keys any vector of the block may see, within this split. */
     const int64_t vlast = (v0 + NWARPS < nvec ? v0 + NWARPS : nvec) - 1;
@@ -317,6 +325,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
 #pragma unroll 8
                 for (int i = 0; i < D; i++)
                     dot += qs[warp][i] * tile[lane][i];
+                dot += alibi * (float)(key - (row + kv_len - qo_len));
                 s = cap > 0.0f ? cap * tanhf(dot / cap) : dot;
             }
         }
@@ -354,7 +363,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
         if (p.sinks)
             add_sink(p.sinks[head], &m, &l, &corr);
         float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
-        float inv = l > 0.0f ? p.v_scale * corr / l : 0.0f;
+        float v_scale = p.v_scale;
+        if (p.v_head_scale)
+            v_scale *= p.v_head_scale[p.v_head_scale_step * kvh];
+        float inv = l > 0.0f ? v_scale * corr / l : 0.0f;
         int64_t no = output_row(p, b, n);
         char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
 #pragma unroll
@@ -399,7 +411,10 @@ __global__ void __launch_bounds__(NWARPS * 32)
         for (int s = 0; s < sp.splits; s++)
             wsum += exp2f(sp.part_lse[s * stride + idx] - mx);
     }
-    float scale = wsum > 0.0f ? p.v_scale / wsum : 0.0f;
+    float v_scale = p.v_scale;
+    if (p.v_head_scale)
+        v_scale *= p.v_head_scale[p.v_head_scale_step * (head / (p.num_qo_heads / p.num_kv_heads))];
+    float scale = wsum > 0.0f ? v_scale / wsum : 0.0f;
     int64_t no = output_row(p, request_of_row(p, n), n);
     char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
     for (int64_t i = lane; i < p.head_dim; i += 32) {

@@ -21,6 +21,8 @@ __device__ __forceinline__ float load_f32(const void *data, int dtype, int64_t a
         return fi_f16_to_f32(static_cast<const uint16_t *>(data)[at]);
     if (dtype == FI_DTYPE_BF16)
         return fi_bf16_to_f32(static_cast<const uint16_t *>(data)[at]);
+    if (dtype == FI_DTYPE_E4M3FN)
+        return fi_e4m3fn_to_f32(static_cast<const uint8_t *>(data)[at]);
     return static_cast<const float *>(data)[at];
 }
 
@@ -38,6 +40,7 @@ struct QuantArgs {
     int64_t m, k, s_row, s_col; /* strides in elements */
     uint8_t *x_q, *sf;
     const float *global_scale;
+    float global_scale_value; /* when global_scale is NULL */
     int inversed, sv, ue8m0;
     fi_sf_layout layout;
     float *per_token_scale; /* per-token mode, or NULL */
@@ -80,7 +83,7 @@ __device__ void quantize_block(const QuantArgs &q, float gsf, int64_t r, int64_t
 /* One thread per (row, block) with the one global scale. */
 __global__ void fp4_quantize_kernel(QuantArgs q)
 {
-    float gsf = q.global_scale ? *q.global_scale : 1.0f;
+    float gsf = q.global_scale ? *q.global_scale : q.global_scale_value;
     if (q.inversed)
         gsf = 1.0f / gsf;
     int64_t blocks = q.k / q.sv, total = q.m * blocks;
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(ROW_THREADS) fp4_quantize_rows_kernel(QuantArg
         int64_t r = q.row_map ? q.row_map[i] : i;
         if (r < 0)
             continue; /* the same r for the whole block: no barrier is skipped by some */
-        float gsf = q.global_scale ? *q.global_scale : 1.0f;
+        float gsf = q.global_scale ? *q.global_scale : q.global_scale_value;
         if (q.inversed)
             gsf = 1.0f / gsf;
         if (q.per_token_scale) {
@@ -115,10 +118,10 @@ __global__ void __launch_bounds__(ROW_THREADS) fp4_quantize_rows_kernel(QuantArg
                     amax_of[threadIdx.x] = fmaxf(amax_of[threadIdx.x], amax_of[threadIdx.x + w]);
                 __syncthreads();
             }
-            float s = amax_of[0] * *q.global_scale;
+            float decode, encode = fi_per_token_encode_scale(amax_of[0], gsf, &decode);
             if (threadIdx.x == 0)
-                q.per_token_scale[r] = q.out_scale ? s * *q.out_scale : s;
-            gsf = s != 0.0f ? 1.0f / s : 0.0f;
+                q.per_token_scale[r] = q.out_scale ? decode * *q.out_scale : decode;
+            gsf = encode;
             __syncthreads(); /* amax_of[0] is read before the next row overwrites it */
         }
         for (int64_t c = threadIdx.x; c < q.k / q.sv; c += blockDim.x)
@@ -235,6 +238,7 @@ extern "C" int fi_fp4_quantize_cuda(const fi_fp4_quantize_params *p)
                    p->x_q,
                    p->sf,
                    p->global_scale,
+                   p->global_scale_value,
                    p->global_scale_inversed,
                    p->sf_vec_size,
                    p->sf_ue8m0,

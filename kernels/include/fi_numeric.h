@@ -3,6 +3,7 @@
 #ifndef FI_NUMERIC_H
 #define FI_NUMERIC_H
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -266,6 +267,36 @@ FI_NUMERIC_FN int64_t fi_sf_offset(int64_t r, int64_t c, int64_t cols, fi_sf_lay
     if (layout == FI_SF_LAYOUT_8X4)
         return ((r / 8) * ktiles + c / 4) * 32 + (r % 8) * 4 + c % 4;
     return r * cols + c;
+}
+
+/* FlashInfer's ALiBi slope of query head `head` of num_heads (its get_alibi_slopes): with n
+ * the largest power of two <= num_heads, m0^(head + 1) for the first n heads, m0 =
+ * 2^(-8 / n), then m1^(2 (head - n) + 1), m1 = 2^(-4 / n); float32 powers of float32 bases. */
+FI_NUMERIC_FN float fi_alibi_slope(int64_t head, int64_t num_heads)
+{
+    int64_t n = 1;
+    while (n * 2 <= num_heads)
+        n *= 2;
+    if (head < n)
+        return powf((float)exp2(-8.0 / (double)n), (float)(head + 1));
+    return powf((float)exp2(-4.0 / (double)n), (float)(2 * (head - n) + 1));
+}
+
+/* NVFP4 per-token scales of a row whose largest |x| is amax, in FlashInfer's order of
+ * operations (its exact-math kernel): the encode scale min((1 / global_scale_inv) / amax,
+ * FLT_MAX) quantizes the row, and *decode = 1 / encode is the scale returned per token (0,
+ * and an encode scale of 0, for an all-zero row). */
+FI_NUMERIC_FN float fi_per_token_encode_scale(float amax, float global_scale_inv, float *decode)
+{
+    if (amax == 0.0f) {
+        *decode = 0.0f;
+        return 0.0f;
+    }
+    float encode = fminf((1.0f / global_scale_inv) / amax, FLT_MAX);
+    if (encode == 0.0f)
+        encode = 1.0f;
+    *decode = 1.0f / encode;
+    return encode;
 }
 
 #endif

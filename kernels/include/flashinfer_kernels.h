@@ -138,17 +138,18 @@ static inline int64_t fi_sf_bytes(int64_t rows, int64_t cols, fi_sf_layout layou
  * of x [m, k] along k. x_q gets two E2M1 codes per byte, element 2j in the low nibble; sf is
  * zeroed first (padding included).
  *
- * Per-token mode (per_token_scale not NULL; NVFP4, global_scale given, not inversed): row r
- * gets its own scale s = amax(|x[r, :]|) * global_scale[0], is quantized with the global
- * scale 1 / s (0 when s is 0), and per_token_scale[r] = s * out_scale[0] (out_scale NULL:
- * 1). row_map (NULL: every row) names the rows quantized: row_map[i] for i < m, negative
- * entries skipped, each row at most once; x_q and per_token_scale of the others are not
- * written. */
+ * Per-token mode (per_token_scale not NULL; NVFP4, global scale not inversed, holding the
+ * inverse base multiplier): row r is quantized with the encode scale of
+ * fi_per_token_encode_scale(amax(|x[r, :]|), global scale) and per_token_scale[r] is its
+ * decode scale times out_scale[0] (out_scale NULL: 1). row_map (NULL: every row) names the rows
+ * quantized: row_map[i] for i < m, negative entries skipped, each row at most once; x_q and
+ * per_token_scale of the others are not written. */
 typedef struct {
-    fi_tensor x;               /* [m, k] float32, float16 or bfloat16, any strides */
+    fi_tensor x;               /* [m, k] float32, float16, bfloat16 or e4m3fn, any strides */
     uint8_t *x_q;              /* [m, k/2] contiguous */
     uint8_t *sf;               /* fi_sf_bytes(m, k/sf_vec_size, sf_layout) bytes */
-    const float *global_scale; /* one float32; NULL means 1 */
+    const float *global_scale; /* one float32; NULL: global_scale_value */
+    float global_scale_value;  /* the global scale when it came as a number (1: none) */
     int global_scale_inversed; /* nonzero: the scale used is 1/global_scale */
     int sf_vec_size;           /* 16 or 32 */
     int sf_ue8m0;              /* nonzero: UE8M0 scales, else E4M3 */
@@ -161,6 +162,31 @@ typedef struct {
 } fi_fp4_quantize_params;
 
 int fi_fp4_quantize_cpu(const fi_fp4_quantize_params *p);
+
+/* Dequantization of m rows of k packed E2M1 values (x_q, [m, k/2] contiguous) with their
+ * block scales (sf, m x k/sf_vec_size blocks in sf_layout; E4M3, or UE8M0 when sf_ue8m0):
+ * out[r, e] = (e2m1 * scale) * global_scale[0] (NULL: 1), float32 [m, k] contiguous. */
+typedef struct {
+    const uint8_t *x_q;
+    const uint8_t *sf;
+    int64_t m, k;
+    int sf_vec_size, sf_ue8m0;
+    fi_sf_layout sf_layout;
+    const float *global_scale;
+    float *out;
+} fi_fp4_dequantize_params;
+
+int fi_fp4_dequantize_cpu(const fi_fp4_dequantize_params *p);
+
+/* Scales of batches x rows x cols elements of esize bytes, row-major, into the 128x4 layout
+ * (fi_sf_bytes(rows, cols, FI_SF_LAYOUT_128X4) elements per batch, padding zeroed). */
+void fi_sf_interleave_cpu(const void *src, int64_t batches, int64_t rows, int64_t cols,
+                          size_t esize, void *dst);
+
+/* TRT-LLM's shuffleMatrixA: rows of row_bytes bytes permuted within blocks of `block` (16
+ * or 32) rows; rows is a multiple of block; dst does not overlap src. */
+void fi_shuffle_rows_cpu(const uint8_t *src, int64_t rows, int64_t row_bytes, int block,
+                         uint8_t *dst);
 
 /* out = alpha * dequant(a) @ dequant(b): a holds m rows of k E2M1 values, b holds the n
  * rows of a quantized [n, k] weight viewed as [k/2, n]; scales as fi_fp4_quantize made. */
@@ -203,6 +229,21 @@ int fi_gemm_fp8_cublaslt(const fi_gemm_fp8_params *p, const char *lib_dir, void 
 /* Loads cuBLASLt if not yet tried; returns the name it was loaded by, or NULL. */
 const char *fi_cublaslt_library(const char *lib_dir);
 
+/* ---- Gated activations ------------------------------------------------------------
+ * out[r, i] = act(x[r, i]) * x[r, d + i] in float32, for x [rows, 2d] and out [rows, d] of
+ * one dtype (f16, bf16, f32), last dimensions contiguous. */
+typedef enum { FI_ACT_SILU = 0, FI_ACT_GELU = 1, FI_ACT_GELU_TANH = 2 } fi_activation;
+
+typedef struct {
+    fi_activation act;
+    const void *x;
+    void *out;
+    fi_dtype dtype;
+    int64_t rows, d, x_row_stride, out_row_stride; /* strides in elements */
+} fi_act_and_mul_params;
+
+int fi_act_and_mul_cpu(const fi_act_and_mul_params *p);
+
 /* ---- Attention ------------------------------------------------------------------
  * One interface for decode and prefill, ragged or paged KV, CPU or CUDA. A batch of
  * num_requests requests; request b owns query rows qo_indptr[b] .. qo_indptr[b+1] of q
@@ -211,13 +252,20 @@ const char *fi_cublaslt_library(const char *lib_dir);
  * kv_len(b) = (pages - 1) * page_size + kv_last_page_len[b] (0 with no pages).
  * Query row i of a request sits at position i + kv_len - qo_len, key j at position j. */
 
-typedef enum { FI_POS_ENCODING_NONE = 0, FI_POS_ENCODING_ROPE_LLAMA = 1 } fi_pos_encoding;
+/* Values are FlashInfer's PosEncodingMode. ALiBi adds slope(head) * (key position - query
+ * position) to each scaled logit, before the soft cap (fi_alibi_slope, fi_numeric.h). */
+typedef enum {
+    FI_POS_ENCODING_NONE = 0,
+    FI_POS_ENCODING_ROPE_LLAMA = 1,
+    FI_POS_ENCODING_ALIBI = 2
+} fi_pos_encoding;
 
 typedef struct {
     int64_t num_requests;
     int64_t num_qo_heads, num_kv_heads, head_dim; /* num_qo_heads % num_kv_heads == 0 */
+    int64_t head_dim_vo; /* V and output rows; head_dim is q's and k's (the glue's pairs) */
 
-    /* q [total_qo, num_qo_heads, head_dim] and o (same shape), last dim contiguous;
+    /* q [total_qo, num_qo_heads, head_dim] and o [.., head_dim_vo], last dim contiguous;
      * strides in elements. q: f16/bf16/f32; o: f16/bf16/f32. */
     const void *q;
     fi_dtype q_dtype;
@@ -270,11 +318,18 @@ typedef struct {
      * (in the units of the scaled logits, not soft-capped) with no value: it counts in the
      * denominator and lse, not the output. NULL: none. */
     const float *sinks;
+    /* FP8 per-head scales (FlashInfer's fa3 scale_q/k/v tensors), float32, NULL: none.
+     * Row logits of qo head h with kv head kh are multiplied by q_head_scale[h] *
+     * k_head_scale[kh] (on top of sm_scale), the output by v_head_scale[kh]; a step of 0
+     * reads element 0 for every head (one scale given). */
+    const float *q_head_scale, *k_head_scale, *v_head_scale;
+    int64_t q_head_scale_step, k_head_scale_step, v_head_scale_step;
     /* Output row of query row i of request b: o_indptr[b] + i (NULL: qo_indptr[b] + i);
      * lse rows follow q. */
     const int32_t *o_indptr;
-    /* Split-KV on CUDA: 0 the kernel chooses, -1 never split, > 0 keys per split. The
-     * CPU kernel plans its own splits of long decode KV and ignores this. */
+    /* Split-KV: 0 the kernel chooses, -1 never split, > 0 keys per split. A fixed split
+     * (> 0 or -1) makes a request's result independent of the batch it is in (FlashInfer's
+     * fixed_split_size); the CPU kernel's own choice depends on the batch's size. */
     int64_t kv_chunk;
 
     /* CUDA only (the CPU kernel ignores them); index arrays and mask are then device
