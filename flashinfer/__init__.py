@@ -5,6 +5,7 @@ import torch  # noqa: F401  (the C extension reads torch objects at import)
 from . import (
     _kernels,  # noqa: F401
     api_logging,  # noqa: F401  (reads FLASHINFER_* at import)
+    sparse,  # noqa: F401  (flashinfer.sparse.BlockSparseAttentionWrapper, as in FlashInfer)
 )
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .autotuner import autotune
@@ -20,6 +21,8 @@ from .fp4_quantization import (
     block_scale_interleave,
     e2m1_and_ufp8sf_scale_to_float,
     fp4_quantize,
+    mxfp4_dequantize,
+    mxfp4_dequantize_host,
     mxfp4_quantize,
     nvfp4_batched_quantize,
     nvfp4_block_scale_interleave,
@@ -51,6 +54,8 @@ __all__ = [
     "fast_decode_plan",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "mxfp4_dequantize",
+    "mxfp4_dequantize_host",
     "mxfp4_quantize",
     "nvfp4_batched_quantize",
     "nvfp4_block_scale_interleave",

@@ -4,6 +4,7 @@ The computation runs in C (``flashinfer._kernels.attention``); this module check
 FlashInfer-shaped arguments, allocates outputs and keeps the wrapper plans.
 """
 
+import functools
 import warnings
 
 import torch
@@ -405,7 +406,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
         )
         return (out, lse_out) if return_lse else out
 
-    def forward(
+    def _forward_call(
         self,
         q,
         paged_kv_cache,
@@ -418,30 +419,16 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
         sm_scale=None,
         rope_scale=None,
         rope_theta=None,
+        return_lse=False,
     ):
-        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
+        replacing the plan's (return_lse: also return lse)."""
         settings = dict(locals())
-        del settings["self"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), False, settings)
+        del settings["self"], settings["return_lse"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), return_lse, settings)
 
-    def forward_return_lse(
-        self,
-        q,
-        paged_kv_cache,
-        pos_encoding_mode="NONE",
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-    ):
-        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), True, settings)
+    forward = functools.partialmethod(_forward_call, return_lse=False)
+    forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

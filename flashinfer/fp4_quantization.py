@@ -9,50 +9,43 @@ MXFP4 (``sf_use_ue8m0=True``): ``sf`` is the smallest power of two >= ``global_s
 """
 
 import enum
-import os
 
 import torch
 
 from . import _kernels
+from ._nvfp4_recipe import _UNSET, _kernel_recipe, resolve_nvfp4_4over6
 from .api_logging import flashinfer_api
 from .utils import CPU_REQUIREMENT, CUDA_KERNEL_REQUIREMENT, backend_requirement
+
+__all__ = [
+    "SfLayout",
+    "block_scale_interleave",
+    "e2m1_and_ufp8sf_scale_to_float",
+    "fp4_quantize",
+    "mxfp4_dequantize",
+    "mxfp4_dequantize_host",
+    "mxfp4_quantize",
+    "nvfp4_batched_quantize",
+    "nvfp4_block_scale_interleave",
+    "nvfp4_kv_dequantize",
+    "nvfp4_kv_quantize",
+    "nvfp4_quantize",
+]
 
 _BACKENDS = ("cuda", "cute-dsl", "cpu")
 _NVFP4_BACKENDS = ("cuda", "cute-dsl", "cake", "cpu")
 
 
-class _UnsetType:
-    """The default of ``nvfp4_4over6``: not passed (FlashInfer then reads the
-    ``FLASHINFER_NVFP4_4OVER6`` environment variable)."""
-
-    def __repr__(self):
-        return "<nvfp4_4over6 unset: read FLASHINFER_NVFP4_4OVER6*>"
-
-    def __reduce__(self):
-        return "_UNSET"
-
-
-_UNSET = _UnsetType()
-
-
-def _check_4over6(nvfp4_4over6, mxfp4):
-    """Only the plain recipe is implemented: 4over6 off (None), or omitted with
-    FLASHINFER_NVFP4_4OVER6 not "1"."""
-    if nvfp4_4over6 is None:
-        return
-    if nvfp4_4over6 is _UNSET:
-        if not mxfp4 and os.environ.get("FLASHINFER_NVFP4_4OVER6") == "1":
-            raise NotImplementedError(
-                "nvfp4_4over6: FLASHINFER_NVFP4_4OVER6=1 asks for the NVFP4 4over6 scale "
-                "search, which is not implemented; unset it or pass nvfp4_4over6=None"
-            )
-        return
+def _recipe(nvfp4_4over6, mxfp4):
+    """The 4over6 recipe as the kernel takes it (None: off): an explicit config, or for an
+    omitted argument the FLASHINFER_NVFP4_4OVER6* variables (which apply to NVFP4 only)."""
+    explicit = nvfp4_4over6 is not _UNSET
+    config = resolve_nvfp4_4over6(nvfp4_4over6)
+    if config is None or (mxfp4 and not explicit):
+        return None
     if mxfp4:
         raise ValueError("nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, sf_use_ue8m0=False)")
-    raise NotImplementedError(
-        f"nvfp4_4over6: {nvfp4_4over6!r} (the 4over6 scale search) is not implemented; "
-        "accepted: None or omitted"
-    )
+    return _kernel_recipe(config)
 
 
 def _stream(x):
@@ -79,7 +72,7 @@ def _sf_bytes(rows, cols, layout):
     return rows * cols
 
 
-def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
+def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed, recipe=None):
     """Quantize along the last dimension of ``input``; returns (x_q, sf) with sf shaped
     ``(-1, k // sf_vec_size)`` as FlashInfer reshapes it (2-D padded rows x padded
     blocks when that reshape is impossible)."""
@@ -108,6 +101,7 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
         bool(inversed),
         max(1, torch.get_num_threads()),
         _stream(input),
+        nvfp4_4over6=recipe,
     )
     x_q = x_q.reshape(*input.shape[:-1], k // 2)
     if kblocks and sf.numel() % kblocks == 0:
@@ -117,7 +111,7 @@ def _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, layout, inversed):
     return x_q, sf
 
 
-def _quantize_per_token(a, scale_inv, layout, row_map, out_scale):
+def _quantize_per_token(a, scale_inv, layout, row_map, out_scale, recipe=None):
     """NVFP4 with one scale per row: (x_q, sf [padded rows, padded blocks], per-token scales).
 
     Row r's scale is ``amax(|a[r]|) * scale_inv`` (times ``out_scale`` as returned); the
@@ -156,6 +150,7 @@ def _quantize_per_token(a, scale_inv, layout, row_map, out_scale):
         per_token,
         out_scale,
         row_map,
+        nvfp4_4over6=recipe,
     )
     return x_q, sf.reshape(-1, padded_cols) if padded_cols else sf, per_token
 
@@ -202,9 +197,10 @@ def fp4_quantize(
         ``"cuda"`` or ``"cute-dsl"`` (FlashInfer's names) or ``"cpu"``: the kernel of the
         input's device runs (CPU, or CUDA on the device's current stream, bit-identical
         results). ``fp4_quantize.is_backend_supported(backend, cc)`` answers for this build.
-    nvfp4_4over6 : None, optional
-        FlashInfer's 4over6 scale search: only off is implemented (``None``, or omitted
-        without ``FLASHINFER_NVFP4_4OVER6=1``); anything else raises NotImplementedError.
+    nvfp4_4over6 : NVFP44Over6Config or None, optional
+        FlashInfer's 4over6 recipe (NVFP4 only, CPU tensors): each block keeps the better of
+        the scales amax / 6 and 1.5 times it. None: off; omitted: the
+        ``FLASHINFER_NVFP4_4OVER6*`` environment variables decide.
 
     Returns
     -------
@@ -213,7 +209,6 @@ def fp4_quantize(
         ``j``) and the uint8 scale bytes shaped ``(-1, k // sf_vec_size)``.
     """
     _check_backend(backend, _BACKENDS, input)
-    _check_4over6(nvfp4_4over6, sf_vec_size != 16 or sf_use_ue8m0)
     return _fp4_quantize(
         input,
         global_scale,
@@ -223,6 +218,7 @@ def fp4_quantize(
         is_sf_8x4_layout,
         is_global_scale_inversed,
         backend,
+        _recipe(nvfp4_4over6, sf_vec_size != 16 or sf_use_ue8m0),
     )
 
 
@@ -242,9 +238,10 @@ def _fp4_quantize(
     is_sf_8x4_layout,
     is_global_scale_inversed,
     backend,
+    recipe=None,
 ):
     """fp4_quantize without the API decorator and backend check (nvfp4_quantize calls it
-    too)."""
+    too); recipe: the kernel's 4over6 tuple or None."""
     if not is_sf_swizzled_layout:
         layout = SfLayout.layout_linear
     elif is_sf_8x4_layout:
@@ -255,7 +252,7 @@ def _fp4_quantize(
     if column_major:
         input = input.transpose(-2, -1)
     x_q, sf = _quantize(
-        input, global_scale, sf_vec_size, sf_use_ue8m0, layout, is_global_scale_inversed
+        input, global_scale, sf_vec_size, sf_use_ue8m0, layout, is_global_scale_inversed, recipe
     )
     if column_major:
         x_q = x_q.transpose(-2, -1)
@@ -326,8 +323,8 @@ def nvfp4_quantize(
     out_scale : torch.Tensor, optional
         Per-token only: one float32 value multiplying the returned per-token scales (not
         the quantized values).
-    nvfp4_4over6 : None, optional
-        Only off is implemented, as in :func:`fp4_quantize`.
+    nvfp4_4over6 : NVFP44Over6Config or None, optional
+        The 4over6 recipe, as in :func:`fp4_quantize`.
 
     Returns
     -------
@@ -343,7 +340,7 @@ def nvfp4_quantize(
             f"sfLayout: {sfLayout!r} is not a layout; expected one of {[x.name for x in SfLayout]}"
         ) from None
     _check_backend(backend, _NVFP4_BACKENDS, a)
-    _check_4over6(nvfp4_4over6, False)
+    recipe = _recipe(nvfp4_4over6, sf_vec_size != 16)
     _check_per_token_options(
         per_token_activation, sf_vec_size, expanded_idx_to_permuted_idx, out_scale
     )
@@ -352,7 +349,7 @@ def nvfp4_quantize(
     quant_layout = SfLayout.layout_linear if do_shuffle else layout
     if per_token_activation:
         out = _quantize_per_token(
-            a, a_global_sf, quant_layout, expanded_idx_to_permuted_idx, out_scale
+            a, a_global_sf, quant_layout, expanded_idx_to_permuted_idx, out_scale, recipe
         )
     else:
         out = _fp4_quantize(
@@ -364,6 +361,7 @@ def nvfp4_quantize(
             quant_layout == SfLayout.layout_8x4,
             False,
             backend,
+            recipe,
         )
     return _shuffled(out) if do_shuffle else out
 
@@ -487,6 +485,40 @@ def mxfp4_quantize(a, backend="cuda", enable_pdl=None, sfLayout=SfLayout.layout_
         layout == SfLayout.layout_8x4,
         False,
         backend,
+    )
+
+
+@flashinfer_api
+def mxfp4_dequantize(a_fp4, a_sf, sfLayout=SfLayout.layout_128x4):
+    """Dequantize MXFP4 codes with their UE8M0 scales to float32 ``[m, k]`` (on the CPU).
+
+    Parameters
+    ----------
+    a_fp4 : torch.Tensor
+        uint8 ``[m, k // 2]``.
+    a_sf : torch.Tensor
+        uint8 UE8M0 scales in ``sfLayout``.
+    sfLayout : SfLayout
+        The scales' layout.
+    """
+    layout = SfLayout(sfLayout)
+    return e2m1_and_ufp8sf_scale_to_float(
+        a_fp4.view(torch.uint8),
+        a_sf.reshape(-1),
+        None,
+        sf_vec_size=32,
+        ufp8_type=0,
+        is_sf_swizzled_layout=layout != SfLayout.layout_linear,
+        is_sf_8x4_layout=layout == SfLayout.layout_8x4,
+    )
+
+
+@flashinfer_api
+def mxfp4_dequantize_host(weight, scale, group_size=32):
+    """:func:`mxfp4_dequantize` of 128x4 scales, FlashInfer's host-side name
+    (``group_size``: elements per scale, 32)."""
+    return e2m1_and_ufp8sf_scale_to_float(
+        weight.view(torch.uint8), scale.reshape(-1), None, group_size, 0, True
     )
 
 

@@ -621,7 +621,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         )
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
-    def forward(
+    def _forward_call(
         self,
         q,
         paged_kv_cache,
@@ -635,31 +635,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         sm_scale=None,
         rope_scale=None,
         rope_theta=None,
+        return_lse=False,
     ):
-        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
+        replacing the plan's (return_lse: also return lse)."""
         settings = dict(locals())
-        del settings["self"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), False, settings)
+        del settings["self"], settings["return_lse"], settings["q"], settings["paged_kv_cache"]
+        return self._forward((q, paged_kv_cache), return_lse, settings)
 
-    def forward_return_lse(
-        self,
-        q,
-        paged_kv_cache,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        k_scale=None,
-        v_scale=None,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-    ):
-        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), True, settings)
+    forward = functools.partialmethod(_forward_call, return_lse=False)
+    forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
@@ -883,7 +868,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         _run_planned(plan, q, k, v, out, lse_view, v_scale, kw, k_sf=k_sf, v_sf=v_sf, **head_scales)
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
-    def forward(
+    def _forward_call(
         self,
         q,
         k,
@@ -896,27 +881,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         sm_scale=None,
         rope_scale=None,
         rope_theta=None,
+        return_lse=False,
     ):
-        """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
+        """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
+        replacing the plan's (return_lse: also return lse)."""
         settings = dict(locals())
-        del settings["self"], settings["q"], settings["k"], settings["v"]
-        return self._forward((q, k, v), False, settings)
+        del settings["self"], settings["return_lse"], settings["q"], settings["k"], settings["v"]
+        return self._forward((q, k, v), return_lse, settings)
 
-    def forward_return_lse(
-        self,
-        q,
-        k,
-        v,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-    ):
-        """Deprecated in FlashInfer: :meth:`forward` returning (out, lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["q"], settings["k"], settings["v"]
-        return self._forward((q, k, v), True, settings)
+    forward = functools.partialmethod(_forward_call, return_lse=False)
+    forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)

@@ -324,14 +324,102 @@ def test_per_token_options_need_per_token_activation():
         nvfp4_quantize(x, ONE, expanded_idx_to_permuted_idx=torch.zeros(3, dtype=torch.int32))
 
 
-def test_nvfp4_4over6_only_off_is_implemented(monkeypatch):
+def e4m3(v):
+    return v.to(torch.float8_e4m3fn)
+
+
+def ref_4over6(x, gsf, mse=False, e4m3_max=448, row_amax=None):
+    """FlashInfer's 4over6 block rule in float32 torch ops: candidates sf6 = (amax / 6) *
+    gsf and sf4 = 1.5 * sf6 as E4M3, codes e2m1(x * min(1 / (sf * (1 / gsf)), f32 max)),
+    error summed per half block of 8 (|d| or d^2) and the halves added; the smaller wins,
+    ties to sf6. d = dequantized - x, dequantized in the row's units in per-token mode."""
+    x = x.float()
+    m, k = x.shape
+    blocks = x.reshape(m, k // 16, 16)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    gsf = torch.as_tensor(gsf, dtype=torch.float32).reshape(-1, 1, 1)
+    sf6 = (amax / 6.0) * gsf
+    picks = []
+    decode = 1.0 / gsf
+    for sf_hp in (sf6 * 1.5, sf6):
+        code = e4m3(sf_hp)
+        sf = code.float()
+        scale = torch.clamp(1.0 / (sf * decode), max=torch.finfo(torch.float32).max)
+        q = e2m1_codes(blocks * scale)
+        v = E2M1_VALUES[q.long()]
+        if row_amax is not None:
+            deq = ((v * sf) * row_amax.reshape(-1, 1, 1)) / (6.0 * e4m3_max)
+        else:
+            deq = (v * sf) * decode
+        d = deq - blocks
+        term = d * d if mse else d.abs()
+        err = term[..., :8].sum(-1, keepdim=True) + term[..., 8:].sum(-1, keepdim=True)
+        picks.append((err, code.view(torch.uint8), q))
+    (e4, c4, q4), (e6, c6, q6) = picks
+    use4 = e4 < e6
+    codes = torch.where(use4, q4, q6)
+    sf = torch.where(use4[..., 0], c4[..., 0], c6[..., 0])
+    zero = amax[..., 0] == 0
+    sf = torch.where(zero, 0, sf)
+    codes = torch.where(zero[..., None], 0, codes).reshape(m, k)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8), sf.to(torch.uint8)
+
+
+E2M1_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def e2m1_codes(v):
+    """E2M1 codes of float32 values, nearest with ties to the even code, saturating at 6."""
+    mags = E2M1_VALUES[:8]
+    a = v.abs().clamp(max=6.0)
+    dist = (a[..., None] - mags).abs()
+    best = dist.min(-1, keepdim=True).values
+    ties = dist == best
+    even = ties & (torch.arange(8) % 2 == 0)
+    idx = torch.where(even.any(-1), even.int().argmax(-1), ties.int().argmax(-1))
+    return (idx + 8 * (v < 0)).to(torch.uint8)
+
+
+@pytest.mark.parametrize("mode", ["MAE", "MSE"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_4over6_matches_the_block_rule(mode, dtype):
+    from flashinfer.quantization import NVFP44Over6Config
+
+    x = _data(9, 64, 28, dtype)
+    gsf = torch.tensor([448 * 6 / float(x.float().abs().max())])
+    cfg = NVFP44Over6Config(err_mode=mode)
+    q, sf = nvfp4_quantize(x, gsf, sfLayout=SfLayout.layout_linear, nvfp4_4over6=cfg)
+    rq, rsf = ref_4over6(x, gsf, mse=mode == "MSE")
+    assert torch.equal(sf, rsf) and torch.equal(q, rq)
+    plain = nvfp4_quantize(x, gsf, sfLayout=SfLayout.layout_linear, nvfp4_4over6=None)
+    assert not torch.equal(plain[1], sf)  # some blocks took the 4/6 scale
+
+
+def test_nvfp4_4over6_per_token_measures_in_row_units():
+    from flashinfer.quantization import NVFP44Over6Config
+
+    x = _data(7, 32, 29, torch.bfloat16)
+    inv = torch.tensor([1.0 / (256 * 6)])
+    cfg = NVFP44Over6Config(e4m3_max=256)
+    q, sf, s = nvfp4_quantize(
+        x, inv, sfLayout=SfLayout.layout_linear, per_token_activation=True, nvfp4_4over6=cfg
+    )
+    amax = x.float().abs().amax(1)
+    encode = torch.where(amax == 0, 0.0, (1.0 / inv) / amax)
+    rq, rsf = ref_4over6(x, encode, e4m3_max=256, row_amax=amax)
+    assert torch.equal(q[amax > 0], rq[amax > 0]) and torch.equal(sf, rsf)
+
+
+def test_nvfp4_4over6_from_the_environment(monkeypatch):
     x = _data(3, 32, 27)
     base = nvfp4_quantize(x, ONE)
-    assert all(torch.equal(a, b) for a, b in zip(base, nvfp4_quantize(x, ONE, nvfp4_4over6=None)))
-    with pytest.raises(NotImplementedError, match=r"nvfp4_4over6: 'MAE' \(the 4over6"):
-        nvfp4_quantize(x, ONE, nvfp4_4over6="MAE")
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
-    with pytest.raises(NotImplementedError, match="FLASHINFER_NVFP4_4OVER6=1"):
-        fp4_quantize(x, ONE)
-    fp4_quantize(x, ONE, nvfp4_4over6=None)
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "MSE")
+    rq, rsf = ref_4over6(x, ONE, mse=True)
+    q, sf = nvfp4_quantize(x, ONE, sfLayout=SfLayout.layout_linear)
+    assert torch.equal(q, rq) and torch.equal(sf, rsf)
+    off = nvfp4_quantize(x, ONE, nvfp4_4over6=None)
+    assert all(torch.equal(a, b) for a, b in zip(base, off))
     fp4_quantize(x, ONE, sf_vec_size=32, sf_use_ue8m0=True)  # MXFP4 never reads it
+    with pytest.raises(TypeError, match="nvfp4_4over6: expected None or an NVFP44Over6Config"):
+        nvfp4_quantize(x, ONE, nvfp4_4over6="MAE")

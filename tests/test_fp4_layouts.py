@@ -27,6 +27,15 @@ def test_mxfp4_quantize_is_fp4_quantize_with_ue8m0_blocks_of_32():
     assert torch.equal(got[0], q)
 
 
+def test_mxfp4_dequantize_inverts_mxfp4_quantize():
+    x = _data(20, 64, 11)
+    q, sf = flashinfer.mxfp4_quantize(x)
+    rq, rsf = ref_quantize(x, 1.0, sv=32, ue8m0=True)
+    scales = torch.ldexp(torch.ones(rsf.shape), rsf.int() - 127).repeat_interleave(32, 1)
+    assert torch.equal(flashinfer.mxfp4_dequantize(q, sf), unpack(rq) * scales)
+    assert torch.equal(flashinfer.mxfp4_dequantize_host(q, sf), unpack(rq) * scales)
+
+
 def test_block_scale_interleave_writes_the_128x4_layout():
     sf = torch.randint(0, 255, (130, 6), dtype=torch.uint8)
     got = flashinfer.block_scale_interleave(sf)

@@ -394,6 +394,8 @@ RELEASE.update(
             "enable_pdl=None",
             "sfLayout=<SfLayout.layout_128x4: 0>",
         ),
+        "mxfp4_dequantize": ("a_fp4", "a_sf", "sfLayout=<SfLayout.layout_128x4: 0>"),
+        "mxfp4_dequantize_host": ("weight", "scale", "group_size=32"),
         "block_scale_interleave": ("unswizzled_sf",),
         "nvfp4_block_scale_interleave": ("unswizzled_sf",),
         "e2m1_and_ufp8sf_scale_to_float": (

@@ -381,17 +381,21 @@ static int read_global_scale(fi_arg *gs, const fi_arg *x, fi_fp4_quantize_params
 PyDoc_STRVAR(fp4_quantize_doc,
              "fp4_quantize(input, global_scale, x_q, sf, sf_vec_size, sf_use_ue8m0, sf_layout,\n"
              "             is_global_scale_inversed, num_threads, stream=0,\n"
-             "             per_token_scale=None, out_scale=None, row_map=None)\n--\n\n"
+             "             per_token_scale=None, out_scale=None, row_map=None,\n"
+             "             nvfp4_4over6=None)\n--\n\n"
              "Quantizes input [m, k] (float32, float16, bfloat16 or float8_e4m3fn) into x_q\n"
              "[m, k/2] (uint8) and block scales sf. global_scale: None (1), a number, or a\n"
              "one-element tensor (float32/float16/bfloat16 on the CPU, float32 on CUDA).\n"
              "per_token_scale (float32 [m]): one decode scale per row (FlashInfer's order of\n"
-             "operations), times out_scale; row_map (int32): only rows row_map[i] >= 0, i < m.");
+             "operations), times out_scale; row_map (int32): only rows row_map[i] >= 0, i < m.\n"
+             "nvfp4_4over6: None, or (e4m3_max, mse, err_use_fast_math) for FlashInfer's 4over6\n"
+             "recipe (CPU tensors).");
 
 typedef struct {
     fi_arg x, gs, xq, sf, pts, os, map;
     int sv, ue8m0, layout, inversed, num_threads;
     long long stream;
+    PyObject *four_over_six;
 } fp4_quantize_call;
 
 #define FQ(f) offsetof(fp4_quantize_call, f)
@@ -409,8 +413,42 @@ static const fi_argspec fp4_quantize_table[] = {
     {"per_token_scale", FQ(pts), FI_ARG_TENSOR, 0},
     {"out_scale", FQ(os), FI_ARG_TENSOR, 0},
     {"row_map", FQ(map), FI_ARG_TENSOR, 0},
+    {"nvfp4_4over6", FQ(four_over_six), FI_ARG_OBJECT, 0},
 };
 #undef FQ
+
+/* nvfp4_4over6: None (off) or (e4m3_max, mse, err_fast_math), NVFP4 on CPU tensors. */
+static int read_4over6(PyObject *recipe, fi_fp4_quantize_params *p)
+{
+    if (!recipe || recipe == Py_None)
+        return 0;
+    int e4m3_max, mse, fast;
+    if (!PyTuple_Check(recipe) || !PyArg_ParseTuple(recipe, "ipp", &e4m3_max, &mse, &fast)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "nvfp4_4over6: expected None or (e4m3_max, mse, err_use_fast_math)");
+        return -1;
+    }
+    if (e4m3_max != 256 && e4m3_max != 448) {
+        PyErr_Format(PyExc_ValueError, "nvfp4_4over6: e4m3_max %d; accepted: 256, 448", e4m3_max);
+        return -1;
+    }
+    if (p->sf_vec_size != 16 || p->sf_ue8m0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, E4M3 scales)");
+        return -1;
+    }
+    if (p->x.device_type != FI_DEVICE_CPU) {
+        PyErr_SetString(PyExc_ValueError,
+                        "nvfp4_4over6: the 4over6 recipe runs on CPU tensors (no CUDA kernel)");
+        return -1;
+    }
+    p->nvfp4_4over6 = 1;
+    p->nvfp4_4over6_mse = mse;
+    p->nvfp4_4over6_err_fast_math = fast;
+    p->nvfp4_4over6_e4m3_max = (float)e4m3_max;
+    return 0;
+}
 
 static PyObject *py_fp4_quantize(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames)
@@ -462,6 +500,8 @@ static PyObject *py_fp4_quantize(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     p.x_q = c.xq.t.data;
     p.sf = c.sf.t.data;
+    if (read_4over6(c.four_over_six, &p) < 0)
+        return NULL;
     if ((c.pts.obj && check_per_token(&p, &c.pts, &c.os, m) < 0) ||
         (c.map.obj && check_row_map(&c.map, m, p.stream) < 0))
         return NULL;

@@ -2,7 +2,9 @@
  * UE8M0 scale per block of 16 or 32 elements. */
 #include "flashinfer_kernels.h"
 
+#include <float.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "cpu_simd.h"
 #include "fi_numeric.h"
@@ -83,6 +85,69 @@ static void quantize_row_portable(const fi_fp4_quantize_params *p, const scale_t
             uint8_t hi = bs.scale == 0.0f ? 0 : fi_f32_to_e2m1(vals[e + 1] * bs.scale);
             q[(c * sv + e) / 2] = (uint8_t)(lo | (hi << 4));
         }
+    }
+}
+
+/* One 4over6 candidate error term: |d| or d^2. */
+static float error_term(const fi_fp4_quantize_params *p, float d)
+{
+    return p->nvfp4_4over6_mse ? d * d : fabsf(d);
+}
+
+/* 4over6 block: both candidates quantized, the one with the smaller error kept (ties go to
+ * the amax / 6 one). FlashInfer sums the error over each half block of 8 values, then
+ * adds the halves; row_amax > 0 (per-token mode) measures it in the row's units. */
+static uint8_t quantize_block_4over6(const fi_fp4_quantize_params *p, const float *vals, float gsf,
+                                     float row_amax, uint8_t *q)
+{
+    float amax = 0.0f;
+    for (int e = 0; e < 16; e++)
+        amax = fmaxf(amax, fabsf(vals[e]));
+    if (amax == 0.0f) {
+        memset(q, 0, 8);
+        return 0;
+    }
+    float sf6 = (amax / 6.0f) * gsf, sf4 = sf6 * 1.5f;
+    uint8_t code[2] = {fi_f32_to_e4m3fn(sf4), fi_f32_to_e4m3fn(sf6)};
+    float decode = 1.0f / gsf, denom = 6.0f * p->nvfp4_4over6_e4m3_max;
+    uint8_t codes[2][16];
+    float error[2];
+    for (int c = 0; c < 2; c++) {
+        float sf = fi_e4m3fn_to_f32(code[c]);
+        float scale = fminf(1.0f / (sf * decode), FLT_MAX);
+        float half[2] = {0.0f, 0.0f};
+        for (int e = 0; e < 16; e++) {
+            codes[c][e] = fi_f32_to_e2m1(vals[e] * scale);
+            float v = fi_e2m1_to_f32(codes[c][e]), d;
+            if (p->nvfp4_4over6_err_fast_math)
+                d = v * sf - vals[e] * gsf;
+            else if (row_amax > 0.0f)
+                d = ((v * sf) * row_amax) / denom - vals[e];
+            else
+                d = (v * sf) * decode - vals[e];
+            half[e / 8] += error_term(p, d);
+        }
+        error[c] = half[0] + half[1];
+    }
+    int pick = error[0] < error[1] ? 0 : 1;
+    for (int e = 0; e < 16; e += 2)
+        q[e / 2] = (uint8_t)(codes[pick][e] | (codes[pick][e + 1] << 4));
+    return code[pick];
+}
+
+/* Row r by 4over6 blocks (portable; any strides). */
+static void quantize_row_4over6(const fi_fp4_quantize_params *p, float gsf, float row_amax,
+                                int64_t r)
+{
+    const fi_tensor *x = &p->x;
+    int64_t k = x->shape[1], blocks = k / 16;
+    const char *row = (const char *)x->data + r * x->stride[0] * (int64_t)fi_dtype_size(x->dtype);
+    float vals[16];
+    for (int64_t c = 0; c < blocks; c++) {
+        for (int e = 0; e < 16; e++)
+            vals[e] = load_f32(x, row, c * 16 + e);
+        p->sf[fi_sf_offset(r, c, blocks, p->sf_layout)] =
+            quantize_block_4over6(p, vals, gsf, row_amax, p->x_q + r * (k / 2) + c * 8);
     }
 }
 
@@ -803,11 +868,13 @@ typedef struct {
     int64_t r0, r1; /* entries of the row map (rows themselves without one) */
 } quantize_range;
 
-/* Per-token mode: the global scale of row r from its amax; writes per_token_scale[r]. */
-static float per_token_global_scale(const quantize_range *qr, int64_t r)
+/* Per-token mode: the global scale of row r from its amax (in *amax); writes
+ * per_token_scale[r]. */
+static float per_token_global_scale(const quantize_range *qr, int64_t r, float *amax)
 {
     const fi_fp4_quantize_params *p = qr->p;
-    float decode, encode = fi_per_token_encode_scale(qr->quantize.row_amax(p, r), qr->gsf, &decode);
+    *amax = qr->quantize.row_amax(p, r);
+    float decode, encode = fi_per_token_encode_scale(*amax, qr->gsf, &decode);
     p->per_token_scale[r] = p->out_scale ? decode * *p->out_scale : decode;
     return encode;
 }
@@ -820,8 +887,12 @@ static void *quantize_rows(void *arg)
         int64_t r = p->row_map ? p->row_map[i] : i;
         if (r < 0)
             continue;
-        float gsf = p->per_token_scale ? per_token_global_scale(qr, r) : qr->gsf;
-        qr->quantize.row(p, qr->table, gsf, r);
+        float amax = 0.0f;
+        float gsf = p->per_token_scale ? per_token_global_scale(qr, r, &amax) : qr->gsf;
+        if (p->nvfp4_4over6)
+            quantize_row_4over6(p, gsf, amax, r);
+        else
+            qr->quantize.row(p, qr->table, gsf, r);
     }
     return NULL;
 }

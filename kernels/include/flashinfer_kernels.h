@@ -156,7 +156,15 @@ typedef struct {
     fi_sf_layout sf_layout;
     float *per_token_scale; /* [m], or NULL */
     const float *out_scale; /* one float32, or NULL */
-    const int32_t *row_map; /* [m] row indices in [0, m) or negative, or NULL */
+    /* NVFP4 4over6 (FlashInfer's recipe, exact-math form; NVFP4 only): each block is
+     * quantized with two E4M3 scales, amax / 6 and 1.5 times it (its largest values then
+     * map to 4), and keeps the one whose dequantized values differ less from the input
+     * (sum of |d|, or of d^2 with 4over6_mse); 0: off. */
+    int nvfp4_4over6;
+    int nvfp4_4over6_mse;
+    int nvfp4_4over6_err_fast_math; /* the error against x * global scale, not dequantized */
+    float nvfp4_4over6_e4m3_max;    /* 448 or 256: the per-token error denominator's */
+    const int32_t *row_map;         /* [m] row indices in [0, m) or negative, or NULL */
     int num_threads;
     void *stream;
 } fi_fp4_quantize_params;
