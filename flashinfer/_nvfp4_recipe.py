@@ -68,18 +68,15 @@ class _UnsetType:
 _UNSET = _UnsetType()
 
 
-def env_flag_enabled(name):
-    return os.environ.get(name) == "1"
-
-
 def current_nvfp4_4over6_config():
     """The recipe the environment asks for, or None (``FLASHINFER_NVFP4_4OVER6`` not "1")."""
-    if not env_flag_enabled("FLASHINFER_NVFP4_4OVER6"):
+    if os.environ.get("FLASHINFER_NVFP4_4OVER6") != "1":
         return None
+    use_256 = os.environ.get("FLASHINFER_NVFP4_4OVER6_E4M3_USE_256") == "1"
     return NVFP44Over6Config(
-        e4m3_max=256 if env_flag_enabled("FLASHINFER_NVFP4_4OVER6_E4M3_USE_256") else 448,
+        e4m3_max=256 if use_256 else 448,
         err_mode=os.environ.get("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "MAE"),
-        err_use_fast_math=env_flag_enabled("FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH"),
+        err_use_fast_math=os.environ.get("FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH") == "1",
     )
 
 

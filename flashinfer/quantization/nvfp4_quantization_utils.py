@@ -7,7 +7,6 @@ from .._nvfp4_recipe import (  # noqa: F401
     NVFP44Over6Config,
     NVFP44Over6ErrMode,
     current_nvfp4_4over6_config,
-    env_flag_enabled,
     make_nvfp4_global_scale,
     nvfp4_4over6_mode_label,
     nvfp4_e4m3_max,
