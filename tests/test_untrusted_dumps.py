@@ -140,7 +140,7 @@ REPRO_ATTACKS = {
         },
     ),
     "module_os_function_system": lambda m: base_record("os", "system"),
-    "function_os_system_of_flashinfer": lambda m: base_record("flashinfer.gemm", "os.system"),
+    "function_os_system_of_flashinfer": lambda m: base_record("flashinfer.utils", "os.system"),
     "fullwidth_torch": lambda m: base_record("replay_helpers", "\uff54\uff4f\uff52\uff43\uff48"),
     "dunder_debug": lambda m: base_record("replay_helpers", "__debug__"),
     "unregistered_method": lambda m: base_record(
