@@ -4,7 +4,8 @@ The ring copies a call's tensors when the call is recorded (callers reuse their 
 CUDA tensors are copied into pinned host memory on a side stream of their device that
 first waits for the stream producing them, and only those copies are waited for: never a
 device-wide synchronize, and the producing stream is not blocked. The C core
-(``csrc/core/dump.c``) calls :func:`to_host` for a ring call holding a CUDA tensor.
+(``csrc/core/record_memory_ring.c``) calls :func:`to_host` for a ring call holding a CUDA
+tensor.
 """
 
 import torch

@@ -84,11 +84,11 @@ int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, in
     return *requires_grad < 0 ? -1 : 0;
 }
 
-static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
+static int format_tensor(fi_buf *b, PyObject *tensor, int indent, fi_call *call)
 {
     fi_tensor t;
     int requires_grad;
-    if (fi_format_tensor_meta(tensor, &t, &requires_grad, level >= 5) < 0)
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5) < 0)
         return -1;
     fi_buf_indent(b, indent);
     fi_buf_puts(b, "Tensor(\n");
@@ -114,7 +114,7 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, int level)
     fi_buf_puts(b, requires_grad ? "requires_grad=True\n" : "requires_grad=False\n");
     fi_buf_indent(b, indent + 1);
     fi_buf_puts(b, fi_tensor_is_contiguous(&t) ? "is_contiguous=True\n" : "is_contiguous=False\n");
-    if (level >= 5 && fi_stats_format_tensor(b, tensor, &t, indent + 1) < 0)
+    if (call->level >= 5 && fi_stats_format_tensor(b, tensor, &t, &call->stats, indent + 1) < 0)
         return -1;
     fi_buf_indent(b, indent);
     return fi_buf_puts(b, ")\n");
@@ -138,7 +138,7 @@ static int format_enum(fi_buf *b, PyObject *value)
     return fi_buf_puts(b, ")");
 }
 
-static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int is_list)
+static int format_sequence(fi_buf *b, PyObject *seq, int indent, fi_call *call, int is_list)
 {
     Py_ssize_t n = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
     if (n == 0)
@@ -155,7 +155,7 @@ static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int 
         fi_buf_put_i64(b, (long long)i);
         fi_buf_puts(b, "]: ");
         /* the item's own indentation follows the "[i]: " (FlashInfer's layout) */
-        int r = fi_format_value(b, item, indent + 1, level);
+        int r = fi_format_value(b, item, indent + 1, call);
         Py_DECREF(item);
         if (r < 0)
             return -1;
@@ -164,7 +164,7 @@ static int format_sequence(fi_buf *b, PyObject *seq, int indent, int level, int 
     return fi_buf_puts(b, is_list ? "]\n" : ")\n");
 }
 
-static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
+static int format_dict(fi_buf *b, PyObject *dict, int indent, fi_call *call)
 {
     if (PyDict_GET_SIZE(dict) == 0)
         return fi_buf_puts(b, "{}\n");
@@ -177,7 +177,7 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
         fi_buf_indent(b, indent + 1);
         put_text(b, PyTuple_GET_ITEM(kv, 0), 1);
         fi_buf_puts(b, ": ");
-        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, level) < 0) {
+        if (fi_format_value(b, PyTuple_GET_ITEM(kv, 1), indent + 1, call) < 0) {
             Py_DECREF(items);
             return -1;
         }
@@ -187,13 +187,13 @@ static int format_dict(fi_buf *b, PyObject *dict, int indent, int level)
     return fi_buf_puts(b, "}\n");
 }
 
-int fi_format_value(fi_buf *b, PyObject *v, int indent, int level)
+int fi_format_value(fi_buf *b, PyObject *v, int indent, fi_call *call)
 {
     if (Py_EnterRecursiveCall(" while formatting a value for the log"))
         return -1;
     int r;
     if (fi_is_tensor(v)) {
-        r = format_tensor(b, v, indent, level);
+        r = format_tensor(b, v, indent, call);
         Py_LeaveRecursiveCall();
         return r;
     }
@@ -209,9 +209,9 @@ int fi_format_value(fi_buf *b, PyObject *v, int indent, int level)
     else if (PyUnicode_Check(v))
         r = put_text(b, v, 1) < 0 ? -1 : fi_buf_putc(b, '\n');
     else if (PyList_Check(v) || PyTuple_Check(v))
-        r = format_sequence(b, v, indent, level, PyList_Check(v));
+        r = format_sequence(b, v, indent, call, PyList_Check(v));
     else if (PyDict_Check(v))
-        r = format_dict(b, v, indent, level);
+        r = format_dict(b, v, indent, call);
     else
         r = put_text(b, v, 1) < 0 ? -1 : fi_buf_putc(b, '\n');
     Py_LeaveRecursiveCall();

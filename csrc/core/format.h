@@ -6,15 +6,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "call.h"
 #include "flashinfer_kernels.h"
 #include "strbuf.h"
 
 /* Appends value as lines at indent (two spaces per level), each ending in '\n'; the
  * items of lists, tuples and dicts follow their "[i]: " / "key: " prefix with their
- * own indentation, as FlashInfer prints them. level >= 5 adds tensor statistics.
- * Returns -1 with an exception set only for failures outside a value's own repr
- * (e.g. out of memory). */
-int fi_format_value(fi_buf *b, PyObject *value, int indent, int level);
+ * own indentation, as FlashInfer prints them. At the call's level 5 and above tensors get
+ * statistics (the call's memo answers for those it took already). Returns -1 with an
+ * exception set only for failures outside a value's own repr (e.g. out of memory). */
+int fi_format_value(fi_buf *b, PyObject *value, int indent, fi_call *call);
 
 /* str(obj) or repr(obj) as a new str; when that raises, "<TypeName object>" (the
  * exception cleared). NULL only when memory runs out. */

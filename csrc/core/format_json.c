@@ -165,11 +165,11 @@ static int put_stats(fi_buf *b, const fi_stats *st)
 
 /* Level-5 statistics of a tensor whose metadata t was read: "stats", or "stats_error"
  * with the message of the failure. -1 only for out-of-memory or a non-Exception. */
-static int put_tensor_stats(fi_buf *b, PyObject *tensor, const fi_tensor *t)
+static int put_tensor_stats(fi_buf *b, PyObject *tensor, const fi_tensor *t, fi_stats_memo *memo)
 {
     fi_stats st;
     PyObject *error;
-    if (fi_stats_or_error(tensor, t, &st, &error) < 0)
+    if (fi_stats_or_error(tensor, t, memo, &st, &error) < 0)
         return -1;
     if (!error)
         return put_stats(b, &st);
@@ -179,11 +179,11 @@ static int put_tensor_stats(fi_buf *b, PyObject *tensor, const fi_tensor *t)
     return r;
 }
 
-static int put_tensor(fi_buf *b, PyObject *tensor, int level)
+static int put_tensor(fi_buf *b, PyObject *tensor, fi_call *call)
 {
     fi_tensor t;
     int requires_grad;
-    if (fi_format_tensor_meta(tensor, &t, &requires_grad, level >= 5) < 0)
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5) < 0)
         return -1;
     fi_buf_puts(b, "{\"type\": \"torch.Tensor\", \"shape\": ");
     put_int_array(b, t.shape, t.ndim);
@@ -199,14 +199,14 @@ static int put_tensor(fi_buf *b, PyObject *tensor, int level)
     fi_json_bool(b, requires_grad);
     fi_buf_puts(b, ", \"is_contiguous\": ");
     fi_json_bool(b, fi_tensor_is_contiguous(&t));
-    if (level >= 5 && put_tensor_stats(b, tensor, &t) < 0)
+    if (call->level >= 5 && put_tensor_stats(b, tensor, &t, &call->stats) < 0)
         return -1;
     return fi_buf_putc(b, '}');
 }
 
 /* {"type": "enum", "name": "Cls.NAME", "value": ..., "class": "module.Qualname"}; an enum
  * whose name or value cannot be read is written as its repr. */
-static int put_enum(fi_buf *b, PyObject *v, int level)
+static int put_enum(fi_buf *b, PyObject *v, fi_call *call)
 {
     PyObject *cls = (PyObject *)Py_TYPE(v);
     PyObject *name = PyObject_GetAttrString(v, "name");
@@ -223,7 +223,7 @@ static int put_enum(fi_buf *b, PyObject *v, int level)
         fi_buf_puts(b, "{\"type\": \"enum\", \"name\": ");
         put_str(b, full);
         fi_buf_puts(b, ", \"value\": ");
-        r = fi_format_json_value(b, value, level);
+        r = fi_format_json_value(b, value, call);
         if (r == 0) {
             fi_buf_puts(b, ", \"class\": ");
             put_str(b, path);
@@ -239,7 +239,7 @@ static int put_enum(fi_buf *b, PyObject *v, int level)
     return r;
 }
 
-static int put_sequence(fi_buf *b, PyObject *seq, int level)
+static int put_sequence(fi_buf *b, PyObject *seq, fi_call *call)
 {
     int is_list = PyList_Check(seq);
     Py_ssize_t n = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
@@ -253,7 +253,7 @@ static int put_sequence(fi_buf *b, PyObject *seq, int level)
         Py_INCREF(item);
         if (i)
             fi_buf_puts(b, ", ");
-        int r = fi_format_json_value(b, item, level);
+        int r = fi_format_json_value(b, item, call);
         Py_DECREF(item);
         if (r < 0)
             return -1;
@@ -261,7 +261,7 @@ static int put_sequence(fi_buf *b, PyObject *seq, int level)
     return fi_buf_puts(b, "]}");
 }
 
-static int put_dict(fi_buf *b, PyObject *dict, int level)
+static int put_dict(fi_buf *b, PyObject *dict, fi_call *call)
 {
     PyObject *items = PyDict_Items(dict);
     if (!items)
@@ -272,10 +272,10 @@ static int put_dict(fi_buf *b, PyObject *dict, int level)
     for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
         PyObject *kv = PyList_GET_ITEM(items, i);
         fi_buf_puts(b, i ? ", {\"key\": " : "{\"key\": ");
-        r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 0), level);
+        r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 0), call);
         if (r == 0) {
             fi_buf_puts(b, ", \"value\": ");
-            r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 1), level);
+            r = fi_format_json_value(b, PyTuple_GET_ITEM(kv, 1), call);
         }
         if (r == 0)
             fi_buf_putc(b, '}');
@@ -284,14 +284,14 @@ static int put_dict(fi_buf *b, PyObject *dict, int level)
     return r < 0 ? -1 : fi_buf_puts(b, "]}");
 }
 
-static int put_value(fi_buf *b, PyObject *v, int level)
+static int put_value(fi_buf *b, PyObject *v, fi_call *call)
 {
     if (fi_is_tensor(v))
-        return put_tensor(b, v, level);
+        return put_tensor(b, v, call);
     if (v == Py_None)
         return fi_buf_puts(b, "null");
     if (PyObject_TypeCheck(v, (PyTypeObject *)fi_enum_type()))
-        return put_enum(b, v, level);
+        return put_enum(b, v, call);
     if (PyBool_Check(v))
         return fi_buf_puts(b, v == Py_True ? "true" : "false");
     if (PyLong_Check(v))
@@ -301,9 +301,9 @@ static int put_value(fi_buf *b, PyObject *v, int level)
     if (PyUnicode_Check(v))
         return put_str(b, v);
     if (PyList_Check(v) || PyTuple_Check(v))
-        return put_sequence(b, v, level);
+        return put_sequence(b, v, call);
     if (PyDict_Check(v))
-        return put_dict(b, v, level);
+        return put_dict(b, v, call);
     const char *type_name = Py_TYPE(v)->tp_name;
     if (strcmp(type_name, "torch.dtype") == 0)
         return put_typed_text(b, "torch.dtype", "value", v, 0);
@@ -312,11 +312,11 @@ static int put_value(fi_buf *b, PyObject *v, int level)
     return put_typed_text(b, _PyType_Name(Py_TYPE(v)), "repr", v, 1);
 }
 
-int fi_format_json_value(fi_buf *b, PyObject *v, int level)
+int fi_format_json_value(fi_buf *b, PyObject *v, fi_call *call)
 {
     if (Py_EnterRecursiveCall(" while formatting a value for the JSON log"))
         return -1;
-    int r = put_value(b, v, level);
+    int r = put_value(b, v, call);
     Py_LeaveRecursiveCall();
     if (r == 0 && b->oom) {
         PyErr_NoMemory();

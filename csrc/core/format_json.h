@@ -7,6 +7,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "call.h"
 #include "strbuf.h"
 
 /* Opens a record: {"event": EVENT[, "api": API][, "call_id": N], "timestamp": seconds
@@ -22,10 +23,11 @@ int fi_format_json_key(fi_buf *b, const char *key);
 
 /* Appends value as JSON: None/bool/int/float/str as themselves, tensors as
  * {"type": "torch.Tensor", shape, stride, dtype, device, requires_grad, is_contiguous}
- * (level >= 5 adds "stats", or "stats_error"/"stats_skipped"/"stats_deferred"), dtypes,
- * devices, enums, lists/tuples/dicts and reprs as the metadata records encode them.
- * -1 with an exception set only for failures outside a value's own repr. */
-int fi_format_json_value(fi_buf *b, PyObject *value, int level);
+ * (at the call's level 5 and above "stats", or "stats_error"/"stats_skipped"/
+ * "stats_deferred"), dtypes, devices, enums, lists/tuples/dicts and reprs as the metadata
+ * records encode them. -1 with an exception set only for failures outside a value's own
+ * repr. */
+int fi_format_json_value(fi_buf *b, PyObject *value, fi_call *call);
 
 /* Registers the fork handler that refreshes the cached process id. */
 int fi_format_json_exec(PyObject *module);

@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include "format_json.h"
+#include "graph_capture.h"
 #include "json.h"
 #include "module.h"
-#include "ring.h"
 
 static void warn_bad_value(void *ctx, const char *var, const char *value, const char *def)
 {
@@ -19,6 +19,12 @@ static void warn_bad_value(void *ctx, const char *var, const char *value, const 
              "[flashinfer] WARNING: invalid value %.64s=%.512s; using the default %.64s\n", var,
              value, def);
     fi_warn_stderr(line);
+}
+
+/* The recorder's log lines go where the Logger's do. */
+static void emit_for_recorder(PyObject *owner, const char *data, size_t len)
+{
+    fi_logger_emit((fi_logger *)owner, data, len);
 }
 
 static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -32,12 +38,8 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     lg->sink.kind = FI_SINK_STDERR;
     lg->sink.fd = -1;
-    lg->session_fd = -1;
-    lg->call_counters = PyDict_New();
-    lg->static_meta = PyDict_New();
-    lg->graph_pending = PyList_New(0);
-    if (!lg->call_counters || !lg->static_meta || !lg->graph_pending ||
-        fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0) {
+    if (fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0 ||
+        fi_recorder_init(&lg->rec, &lg->cfg, (PyObject *)lg, emit_for_recorder) < 0) {
         Py_DECREF(lg);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
@@ -49,19 +51,12 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(lg));
-    Py_VISIT(lg->call_counters);
-    Py_VISIT(lg->static_meta);
-    Py_VISIT(lg->graph_pending);
-    Py_VISIT(lg->capture_graph);
-    return 0;
+    return fi_recorder_traverse(&lg->rec, visit, arg);
 }
 
 static int logger_clear(fi_logger *lg)
 {
-    Py_CLEAR(lg->call_counters);
-    Py_CLEAR(lg->static_meta);
-    Py_CLEAR(lg->graph_pending);
-    Py_CLEAR(lg->capture_graph);
+    fi_recorder_clear(&lg->rec);
     return 0;
 }
 
@@ -70,10 +65,8 @@ static void logger_dealloc(fi_logger *lg)
     PyTypeObject *tp = Py_TYPE(lg);
     PyObject_GC_UnTrack(lg);
     logger_clear(lg);
+    fi_recorder_free(&lg->rec);
     fi_sink_close(&lg->sink);
-    if (lg->session_fd >= 0)
-        close(lg->session_fd);
-    fi_ring_free(lg->ring);
     fi_config_free(&lg->cfg);
     tp->tp_free(lg);
     Py_DECREF(tp);
@@ -244,21 +237,116 @@ static PyGetSetDef logger_getset[] = {
 };
 
 static PyMemberDef logger_members[] = {
-    {"_force_graph_capture", T_INT, offsetof(fi_logger, force_graph_capture), 0,
+    {"_force_graph_capture", T_INT, offsetof(fi_logger, rec.force_graph_capture), 0,
      "Tests: record every call as if a CUDA graph were being captured."},
-    {"capture_graph", T_OBJECT, offsetof(fi_logger, capture_graph), 0,
+    {"capture_graph", T_OBJECT, offsetof(fi_logger, rec.capture_graph), 0,
      "id() of the CUDAGraph being captured, set by the capture hooks; None outside."},
-    {"dump_count", T_LONGLONG, offsetof(fi_logger, dump_count), READONLY, "Calls dumped."},
-    {"dump_bytes", T_LONGLONG, offsetof(fi_logger, dump_bytes), READONLY, "Tensor bytes dumped."},
-    {"static_meta", T_OBJECT, offsetof(fi_logger, static_meta), READONLY,
+    {"dump_count", T_LONGLONG, offsetof(fi_logger, rec.dump_count), READONLY, "Calls dumped."},
+    {"dump_bytes", T_LONGLONG, offsetof(fi_logger, rec.dump_bytes), READONLY,
+     "Tensor bytes dumped."},
+    {"static_meta", T_OBJECT, offsetof(fi_logger, rec.static_meta), READONLY,
      "Dict merged into every metadata record (versions)."},
     {NULL},
 };
+
+/* ------------------------------------------------ the recorder's methods */
+
+PyDoc_STRVAR(dump_ring_doc,
+             "dump_ring(trigger='manual')\n--\n\nWrite the in-memory flight recorder's calls now "
+             "(as the named trigger would); returns how many calls were written.");
+
+static PyObject *logger_dump_ring(fi_logger *lg, PyObject *args)
+{
+    const char *trigger = "manual";
+    if (!PyArg_ParseTuple(args, "|s:dump_ring", &trigger))
+        return NULL;
+    int written = fi_recorder_fire(&lg->rec, trigger);
+    return written < 0 ? NULL : PyLong_FromLong(written);
+}
+
+PyDoc_STRVAR(ring_bytes_doc, "ring_bytes()\n--\n\nBytes the in-memory flight recorder holds.");
+
+static PyObject *logger_ring_bytes(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromSize_t(fi_recorder_ring_bytes(&lg->rec));
+}
+
+PyDoc_STRVAR(ring_banner_doc,
+             "ring_banner()\n--\n\nThe level-10 banner's two lines about the ring (what is "
+             "written, and the ring's limits), or None without FLASHINFER_DUMP_RING.");
+
+static PyObject *logger_ring_banner(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    return fi_recorder_banner(&lg->rec);
+}
+
+/* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
+static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
+{
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s takes at most 1 argument (graph), got %zd", method,
+                     nargs);
+        return -1;
+    }
+    *graph = nargs ? args[0] : NULL;
+    return 0;
+}
+
+PyDoc_STRVAR(flush_graph_dumps_doc,
+             "flush_graph_dumps(graph=None)\n--\n\nWrite the held tensors (their current "
+             "values) of the calls recorded while CUDA graph `graph` (its id; None: any) was "
+             "captured, as a new snapshot: per part (inputs, outputs) the root tensor file "
+             "refreshed, graph_flushes/flush_NNNN/<part> written, a record with "
+             "graph_capture_flushed / _flush_index / _snapshot_dir appended to the call's "
+             "metadata.jsonl and one with graph_capture_base_dump_dir to the snapshot's. "
+             "Returns how many parts were written.");
+
+static PyObject *logger_flush_graph_dumps(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "flush_graph_dumps", &graph) < 0)
+        return NULL;
+    Py_ssize_t parts = fi_graph_flush(&lg->rec, graph);
+    return parts < 0 ? NULL : PyLong_FromSsize_t(parts);
+}
+
+PyDoc_STRVAR(pending_graph_dumps_doc,
+             "pending_graph_dumps(graph=None)\n--\n\nHow many parts (inputs, outputs) a "
+             "flush_graph_dumps(graph) would write now.");
+
+static PyObject *logger_pending_graph_dumps(fi_logger *lg, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *graph;
+    if (graph_arg(args, nargs, "pending_graph_dumps", &graph) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(fi_graph_pending(&lg->rec, graph));
+}
+
+PyDoc_STRVAR(clear_graph_dumps_doc, "clear_graph_dumps()\n--\n\nForget the calls recorded during "
+                                    "CUDA graph capture; returns how many parts were held.");
+
+static PyObject *logger_clear_graph_dumps(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    Py_ssize_t parts = fi_graph_clear(&lg->rec);
+    return parts < 0 ? NULL : PyLong_FromSsize_t(parts);
+}
 
 static PyMethodDef logger_methods[] = {
     {"write", (PyCFunction)logger_write, METH_O, logger_write_doc},
     {"name_passes", (PyCFunction)logger_name_passes, METH_O, logger_name_passes_doc},
     {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},
+    {"ring_banner", (PyCFunction)logger_ring_banner, METH_NOARGS, ring_banner_doc},
+    {"dump_ring", (PyCFunction)logger_dump_ring, METH_VARARGS, dump_ring_doc},
+    {"ring_bytes", (PyCFunction)logger_ring_bytes, METH_NOARGS, ring_bytes_doc},
+    {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush_graph_dumps, METH_FASTCALL,
+     flush_graph_dumps_doc},
+    {"pending_graph_dumps", (PyCFunction)(void (*)(void))logger_pending_graph_dumps, METH_FASTCALL,
+     pending_graph_dumps_doc},
+    {"clear_graph_dumps", (PyCFunction)logger_clear_graph_dumps, METH_NOARGS,
+     clear_graph_dumps_doc},
     {NULL},
 };
 
@@ -339,17 +427,4 @@ int fi_logger_exec(PyObject *module)
         return -1;
     logger_type_cache = st->logger_type;
     return PyModule_AddType(module, st->logger_type);
-}
-
-int fi_logger_add_methods(PyObject *module, PyMethodDef *methods)
-{
-    PyTypeObject *type = fi_state_of(module)->logger_type;
-    for (PyMethodDef *m = methods; m->ml_name; m++) {
-        PyObject *descr = PyDescr_NewMethod(type, m);
-        int r = descr ? PyObject_SetAttrString((PyObject *)type, m->ml_name, descr) : -1;
-        Py_XDECREF(descr);
-        if (r < 0)
-            return -1;
-    }
-    return 0;
 }

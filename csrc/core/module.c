@@ -4,7 +4,6 @@
 
 #include "cuda_info.h"
 #include "difference.h"
-#include "dump.h"
 #include "format.h"
 #include "format_json.h"
 #include "histogram.h"
@@ -47,7 +46,6 @@ static void module_free(void *module) { module_clear((PyObject *)module); }
 static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, tensor_exec},         {Py_mod_exec, fi_format_exec},
     {Py_mod_exec, fi_format_json_exec}, {Py_mod_exec, fi_logger_exec},
-    {Py_mod_exec, fi_dump_exec}, /* after the Logger type: gives it the graph-dump methods */
     {Py_mod_exec, fi_wrapper_exec},     {Py_mod_exec, fi_json_exec},
     {Py_mod_exec, fi_tensorio_exec},    {Py_mod_exec, fi_stats_exec},
     {Py_mod_exec, fi_histogram_exec},   {Py_mod_exec, fi_difference_exec},

@@ -199,24 +199,7 @@ static int apply_neg_bit(PyObject *tensor, fi_stats *out)
     return 0;
 }
 
-/* ---- statistics a dump took while writing ------------------------------------------- */
-
-/* A level-10 call's input tensors, their data pointers and version counters when the
- * dump wrote them, and the statistics it took on the way; guarded by the GIL. A tensor
- * changed since (in place, or by set_) no longer matches, and is read again. */
-#define REMEMBERED_MAX 32
-typedef struct {
-    PyObject *tensor; /* owned, so that the address cannot be reused meanwhile */
-    void *data;
-    long long version;
-    fi_stats stats;
-} remembered_stats;
-
-static remembered_stats remembered[REMEMBERED_MAX];
-static int remembered_count;
-static int remember_taken;
-
-void fi_stats_remember_taken(int on) { remember_taken = on; }
+/* ---- statistics a call took already (fi_stats_memo) --------------------------------- */
 
 /* tensor._version, or -1 (no exception) when it cannot be read. */
 static long long version_of(PyObject *tensor)
@@ -229,43 +212,55 @@ static long long version_of(PyObject *tensor)
     return r;
 }
 
-void fi_stats_remember(PyObject *tensor, const fi_stats *stats)
+void fi_stats_memo_init(fi_stats_memo *memo)
 {
+    memo->count = 0;
+    memo->keep_taken = 0;
+}
+
+void fi_stats_memo_put(void *ctx, PyObject *tensor, const fi_stats *stats)
+{
+    fi_stats_memo *memo = ctx;
     fi_tensor t;
-    if (remembered_count == REMEMBERED_MAX || fi_tensor_from_py(tensor, &t) < 0) {
+    if (memo->count == FI_STATS_MEMO_MAX || fi_tensor_from_py(tensor, &t) < 0) {
         PyErr_Clear();
         return;
     }
     long long version = version_of(tensor);
     if (version < 0)
         return;
-    remembered[remembered_count++] = (remembered_stats){Py_NewRef(tensor), t.data, version, *stats};
+    memo->entry[memo->count].tensor = Py_NewRef(tensor);
+    memo->entry[memo->count].data = t.data;
+    memo->entry[memo->count].version = version;
+    memo->entry[memo->count].stats = *stats;
+    memo->count++;
 }
 
-void fi_stats_forget(void)
+void fi_stats_memo_clear(fi_stats_memo *memo)
 {
-    while (remembered_count > 0) {
-        remembered_count--; /* first: a finalizer that runs on the decref finds the slot gone */
-        Py_CLEAR(remembered[remembered_count].tensor);
+    while (memo->count > 0) {
+        memo->count--; /* first: a finalizer that runs on the decref finds the entry gone */
+        Py_CLEAR(memo->entry[memo->count].tensor);
     }
 }
 
-/* The remembered statistics of tensor (t: its metadata now), if they still hold. */
-static const fi_stats *remembered_for(PyObject *tensor, const fi_tensor *t)
+/* The statistics memo holds for tensor (t: its metadata now), if they still hold. */
+static const fi_stats *memo_lookup(const fi_stats_memo *memo, PyObject *tensor, const fi_tensor *t)
 {
-    for (int i = 0; i < remembered_count; i++) {
-        const remembered_stats *r = &remembered[i];
-        if (r->tensor == tensor && r->data == t->data && r->stats.numel == fi_tensor_numel(t) &&
-            r->version == version_of(tensor))
-            return &r->stats;
+    for (int i = 0; memo && i < memo->count; i++) {
+        const fi_stats *st = &memo->entry[i].stats;
+        if (memo->entry[i].tensor == tensor && memo->entry[i].data == t->data &&
+            st->numel == fi_tensor_numel(t) && memo->entry[i].version == version_of(tensor))
+            return st;
     }
     return NULL;
 }
 
 /* Reads statistics of a CPU tensor in place. */
-static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *out)
+static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats_memo *memo,
+                               fi_stats *out)
 {
-    const fi_stats *known = remembered_for(tensor, t);
+    const fi_stats *known = memo_lookup(memo, tensor, t);
     if (known) {
         *out = *known;
         return 0;
@@ -288,8 +283,8 @@ static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats *o
     }
     if (apply_neg_bit(tensor, out) < 0)
         return -1;
-    if (remember_taken)
-        fi_stats_remember(tensor, out);
+    if (memo && memo->keep_taken)
+        fi_stats_memo_put(memo, tensor, out);
     return 0;
 }
 
@@ -353,14 +348,14 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
 #endif
 
 /* The statistics of tensor, whose metadata t was read already. */
-static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats *out)
+static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *memo, fi_stats *out)
 {
     const fi_tensor t = *tp;
     fi_dtype dtype = t.dtype;
     if (!fi_dtype_has_stats(dtype))
         return 0;
     if (t.device_type == FI_DEVICE_CPU)
-        return stats_of_cpu_tensor(tensor, &t, out);
+        return stats_of_cpu_tensor(tensor, &t, memo, out);
     if (t.device_type == FI_DEVICE_CUDA) {
         int capturing = cuda_stream_capturing();
         if (capturing < 0)
@@ -382,7 +377,7 @@ static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats *out)
     return stats_with_torch_ops(tensor, dtype, fi_tensor_numel(&t), out);
 }
 
-int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
+int fi_stats_of_tensor(PyObject *tensor, fi_stats_memo *memo, fi_stats *out)
 {
     memset(out, 0, sizeof(*out));
     if (!fi_is_tensor(tensor)) {
@@ -401,7 +396,7 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats *out)
     fi_tensor t;
     if (fi_tensor_from_py(tensor, &t) < 0)
         return -1;
-    int r = stats_of_known(tensor, &t, out);
+    int r = stats_of_known(tensor, &t, memo, out);
     out->dtype = dtype;
     return r;
 }
@@ -514,16 +509,17 @@ static PyObject *take_exception_text(void)
     return text;
 }
 
-int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error)
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats_memo *memo, fi_stats *out,
+                      PyObject **error)
 {
     int r;
     *error = NULL;
     if (known) {
         memset(out, 0, sizeof(*out));
-        r = stats_of_known(tensor, known, out);
+        r = stats_of_known(tensor, known, memo, out);
         out->dtype = known->dtype;
     } else {
-        r = fi_stats_of_tensor(tensor, out);
+        r = fi_stats_of_tensor(tensor, memo, out);
     }
     if (r == 0)
         return 0;
@@ -534,11 +530,12 @@ int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, P
     return *error ? 0 : -1;
 }
 
-int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent)
+int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known,
+                           fi_stats_memo *memo, int indent)
 {
     fi_stats st;
     PyObject *error;
-    if (fi_stats_or_error(tensor, known, &st, &error) < 0)
+    if (fi_stats_or_error(tensor, known, memo, &st, &error) < 0)
         return -1;
     int computed = st.kind == FI_STATS_FLOAT || st.kind == FI_STATS_INT;
     if (!error && computed && !dtype_logged(st.dtype))
@@ -610,6 +607,10 @@ PyDoc_STRVAR(tensor_stats_doc,
              "once, counted as often as they repeat; a view overlapping otherwise beyond its\n"
              "storage is refused (ValueError).");
 
+/* The statistics _save_tensors_taking_stats took, until _forget_stats (tests of the one-pass
+ * write through the Python functions; a decorated call has its own memo, fi_call). */
+static fi_stats_memo test_memo;
+
 static PyObject *py_tensor_stats(PyObject *module, PyObject *tensor)
 {
     (void)module;
@@ -619,7 +620,7 @@ static PyObject *py_tensor_stats(PyObject *module, PyObject *tensor)
     /* a dump's broadcast view is read once per stored element (docs/security.md) */
     if (fi_elements_distinct_view(tensor, "tensor_stats", &view, &repeat) < 0)
         return NULL;
-    int r = fi_stats_of_tensor(view ? view : tensor, &st);
+    int r = fi_stats_of_tensor(view ? view : tensor, &test_memo, &st);
     Py_XDECREF(view);
     if (r < 0)
         return NULL;
@@ -675,7 +676,7 @@ static PyObject *py_format_tensor_stats(PyObject *module, PyObject *const *args,
     fi_buf buf;
     fi_buf_init(&buf);
     PyObject *r = NULL;
-    if (fi_stats_format_tensor(&buf, args[0], NULL, (int)indent) == 0)
+    if (fi_stats_format_tensor(&buf, args[0], NULL, NULL, (int)indent) == 0)
         r = PyUnicode_DecodeUTF8(buf.data, (Py_ssize_t)buf.len, "replace");
     fi_buf_free(&buf);
     return r;
@@ -695,19 +696,19 @@ static PyObject *py_save_taking_stats(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O&O!|p:_save_tensors_taking_stats", PyUnicode_FSConverter, &path,
                           &PyDict_Type, &tensors, &safetensors))
         return NULL;
-    int before = remembered_count;
+    int before = test_memo.count;
     Py_ssize_t n = fi_save_tensor_dict_stats(PyBytes_AS_STRING(path), tensors,
                                              safetensors ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH,
-                                             fi_stats_remember);
+                                             fi_stats_memo_put, &test_memo);
     Py_DECREF(path);
-    return n < 0 ? NULL : PyLong_FromLong(remembered_count - before);
+    return n < 0 ? NULL : PyLong_FromLong(test_memo.count - before);
 }
 
 static PyObject *py_forget_stats(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    fi_stats_forget();
+    fi_stats_memo_clear(&test_memo);
     Py_RETURN_NONE;
 }
 

@@ -9,6 +9,30 @@
 #include "flashinfer_kernels.h"
 #include "strbuf.h"
 
+/* Statistics already taken of one call's tensors, so that a second reader of the same
+ * tensor does not read its memory again: the level-10 dump takes the inputs' statistics
+ * in its pass over them (the inputs' level-5 text reuses them), and the outputs' level-5
+ * text the outputs' (the flight recorder's nan/inf check reuses those). Each call has its
+ * own (fi_call); an entry holds while the tensor's data pointer and version counter are
+ * unchanged. Guarded by the GIL. */
+#define FI_STATS_MEMO_MAX 32
+typedef struct {
+    struct {
+        PyObject *tensor; /* owned, so that the address cannot be reused meanwhile */
+        void *data;
+        long long version;
+        fi_stats stats;
+    } entry[FI_STATS_MEMO_MAX];
+    int count;
+    int keep_taken; /* while set, what fi_stats_of_tensor takes of CPU tensors is kept too */
+} fi_stats_memo;
+
+void fi_stats_memo_init(fi_stats_memo *memo);
+/* Drops every entry (their tensor references). */
+void fi_stats_memo_clear(fi_stats_memo *memo);
+/* Keeps stats for tensor: an fi_stats_sink, ctx the fi_stats_memo. */
+void fi_stats_memo_put(void *memo, PyObject *tensor, const fi_stats *stats);
+
 /* Statistics of a torch.Tensor. CPU: fi_stats_cpu, the GIL released for large
  * tensors. CUDA, built with the CUDA kernels and a float dtype they handle (f32, f16,
  * bf16, f64, e4m3fn, e5m2): the statistics kernel on the current stream (one
@@ -17,18 +41,9 @@
  * is FI_STATS_DEFERRED with that id. Other CUDA dtypes (every one when the CUDA kernels
  * are not built): FI_STATS_SKIPPED_CAPTURE while capturing (no synchronisation), otherwise
  * torch ops on the device. Other devices: torch ops (meta tensors: FI_STATS_NONE).
- * Returns -1 with a Python exception set on failure. */
-int fi_stats_of_tensor(PyObject *tensor, fi_stats *out);
-
-/* Statistics a level-10 dump took while writing tensor (an fi_stats_sink): until
- * fi_stats_forget, fi_stats_of_tensor answers with them while the tensor's data pointer
- * and version counter are unchanged. The dump forgets them when its call ends. */
-void fi_stats_remember(PyObject *tensor, const fi_stats *stats);
-void fi_stats_forget(void);
-/* While on, the statistics fi_stats_of_tensor takes of CPU tensors are remembered too:
- * the level-5 text of a call's outputs, which the flight recorder's nan/inf check then
- * reads instead of a second pass over the outputs. */
-void fi_stats_remember_taken(int on);
+ * memo (NULL: none) answers for a CPU tensor it holds, and keeps what is taken when its
+ * keep_taken is set. Returns -1 with a Python exception set on failure. */
+int fi_stats_of_tensor(PyObject *tensor, fi_stats_memo *memo, fi_stats *out);
 
 /* Appends the statistics lines of docs/logging.md#what-the-text-log-looks-like, each prefixed by
  * indent levels (two spaces each) and ended by '\n'; nothing for FI_STATS_NONE. As in FlashInfer's
@@ -36,18 +51,20 @@ void fi_stats_remember_taken(int on);
 int fi_stats_format(fi_buf *buf, const fi_stats *st, int indent);
 
 /* fi_stats_of_tensor (known: the tensor's metadata when the caller read it already, else
- * NULL); a failure that is an Exception becomes *error (a new str, the exception cleared)
- * and returns 0 with kind FI_STATS_NONE. -1 with an exception set only for out-of-memory
+ * NULL; memo as there); a failure that is an Exception becomes *error (a new str, the exception
+ * cleared) and returns 0 with kind FI_STATS_NONE. -1 with an exception set only for out-of-memory
  * or a non-Exception error such as KeyboardInterrupt. */
-int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats *out, PyObject **error);
+int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats_memo *memo, fi_stats *out,
+                      PyObject **error);
 
 /* fi_stats_of_tensor then fi_stats_format (known: the tensor's metadata when the caller
- * read it already, else NULL), for the dtypes FlashInfer's log shows statistics of
+ * read it already, else NULL; memo as there), for the dtypes FlashInfer's log shows statistics of
  * (float64/32/16, bfloat16, float8 e4m3fn/e5m2, int8-64, uint8; not bool, the other
  * unsigned and float8 kinds); a failure (an Exception subclass) becomes the
  * line "[statistics error: message]" and is cleared. Returns -1 with an exception set
  * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
-int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known, int indent);
+int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known,
+                           fi_stats_memo *memo, int indent);
 
 /* Adds tensor_stats, format_tensor_stats and the test hooks to the module. */
 int fi_stats_exec(PyObject *module);

@@ -4,14 +4,14 @@
 
 #include <structmember.h>
 
+#include "call.h"
 #include "config.h"
-#include "dump.h"
 #include "format.h"
 #include "format_json.h"
 #include "json.h"
 #include "logger.h"
 #include "module.h"
-#include "stats.h"
+#include "recorder.h"
 #include "strbuf.h"
 #include "tensor.h"
 
@@ -159,7 +159,7 @@ static int provided_by_keyword(PyObject *name, PyObject *kwnames)
 }
 
 /* Appends one defaulted parameter; first is set for the first one of the call. */
-typedef int (*default_put_fn)(fi_buf *b, const char *name, param_info *p, int level, int first);
+typedef int (*default_put_fn)(fi_buf *b, const char *name, param_info *p, fi_call *call, int first);
 
 /* A default whose text can never change: None, a bool, an int, a float or a str (a
  * float's repr alone costs more than the rest of its log lines). */
@@ -187,8 +187,8 @@ static void remember(fi_buf *b, size_t start, PyObject *value, PyObject **cache)
 /* Calls put for every parameter that has a default and was given neither positionally
  * nor by keyword (docs/logging.md#what-the-text-log-looks-like), in signature order. Returns how
  * many, or -1. */
-static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kwnames,
-                        default_put_fn put)
+static int put_defaults(fi_buf *b, fi_wrapper *w, fi_call *call, Py_ssize_t nargs,
+                        PyObject *kwnames, default_put_fn put)
 {
     int count = 0;
     Py_ssize_t positional_seen = 0;
@@ -201,7 +201,7 @@ static int put_defaults(fi_buf *b, fi_wrapper *w, Py_ssize_t nargs, PyObject *kw
         if (!p->default_value || given || provided_by_keyword(p->name, kwnames))
             continue;
         const char *pname = PyUnicode_AsUTF8(p->name);
-        if (!pname || put(b, pname, p, w->logger->cfg.level, count == 0) < 0)
+        if (!pname || put(b, pname, p, call, count == 0) < 0)
             return -1;
         count++;
     }
@@ -217,7 +217,7 @@ static void put_call_line(fi_buf *b, const char *timestamp, const char *name)
     fi_buf_putc(b, '\n');
 }
 
-static int text_default(fi_buf *b, const char *name, param_info *p, int level, int first)
+static int text_default(fi_buf *b, const char *name, param_info *p, fi_call *call, int first)
 {
     if (first)
         fi_buf_puts(b, "Default parameters (not explicitly provided):\n");
@@ -227,13 +227,13 @@ static int text_default(fi_buf *b, const char *name, param_info *p, int level, i
     if (p->default_text[0])
         return put_cached(b, &p->default_text[0]);
     size_t start = b->len;
-    if (fi_format_value(b, p->default_value, 2, level) < 0)
+    if (fi_format_value(b, p->default_value, 2, call) < 0)
         return -1;
     remember(b, start, p->default_value, &p->default_text[0]);
     return 0;
 }
 
-static int json_default(fi_buf *b, const char *name, param_info *p, int level, int first)
+static int json_default(fi_buf *b, const char *name, param_info *p, fi_call *call, int first)
 {
     if (!first)
         fi_buf_puts(b, ", ");
@@ -242,20 +242,19 @@ static int json_default(fi_buf *b, const char *name, param_info *p, int level, i
     if (p->default_text[1])
         return put_cached(b, &p->default_text[1]);
     size_t start = b->len;
-    if (fi_format_json_value(b, p->default_value, level) < 0)
+    if (fi_format_json_value(b, p->default_value, call) < 0)
         return -1;
     remember(b, start, p->default_value, &p->default_text[1]);
     return 0;
 }
 
 /* The level-3/5 block written before the call (docs/logging.md#what-the-text-log-looks-like). */
-static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *const *args,
+static int format_inputs(fi_buf *b, fi_wrapper *w, fi_call *call, PyObject *const *args,
                          Py_ssize_t nargs, PyObject *kwnames)
 {
-    int level = w->logger->cfg.level;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     fi_buf_puts(b, SEP_LINE);
-    put_call_line(b, fi_logger_timestamp(w->logger), name);
+    put_call_line(b, fi_logger_timestamp(w->logger), call->api_name);
     fi_buf_puts(b, DASH_LINE);
     if (nargs == 0 && nkw == 0)
         fi_buf_puts(b, "(No explicit arguments)\n");
@@ -265,7 +264,7 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         fi_buf_puts(b, "  arg[");
         fi_buf_put_i64(b, (long long)i);
         fi_buf_puts(b, "]:\n");
-        if (fi_format_value(b, args[i], 2, level) < 0)
+        if (fi_format_value(b, args[i], 2, call) < 0)
             return -1;
     }
     if (nkw > 0)
@@ -277,10 +276,10 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
         fi_buf_puts(b, "  ");
         fi_buf_puts(b, key);
         fi_buf_puts(b, "=\n");
-        if (fi_format_value(b, args[nargs + i], 2, level) < 0)
+        if (fi_format_value(b, args[nargs + i], 2, call) < 0)
             return -1;
     }
-    if (put_defaults(b, w, nargs, kwnames, text_default) < 0)
+    if (put_defaults(b, w, call, nargs, kwnames, text_default) < 0)
         return -1;
     if (b->oom) {
         PyErr_NoMemory();
@@ -290,17 +289,16 @@ static int format_inputs(fi_buf *b, fi_wrapper *w, const char *name, PyObject *c
 }
 
 /* The JSON "call" record of levels 3/5: args, kwargs and defaults, one line. */
-static int json_inputs(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
+static int json_inputs(fi_buf *b, fi_wrapper *w, fi_call *call, long long call_id,
                        PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    int level = w->logger->cfg.level;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    fi_format_json_head(b, "call", name, call_id);
-    fi_buf_printf(b, ", \"level\": %d, \"args\": [", level);
+    fi_format_json_head(b, "call", call->api_name, call_id);
+    fi_buf_printf(b, ", \"level\": %d, \"args\": [", call->level);
     for (Py_ssize_t i = 0; i < nargs; i++) {
         if (i)
             fi_buf_puts(b, ", ");
-        if (fi_format_json_value(b, args[i], level) < 0)
+        if (fi_format_json_value(b, args[i], call) < 0)
             return -1;
     }
     fi_buf_puts(b, "], \"kwargs\": {");
@@ -313,11 +311,11 @@ static int json_inputs(fi_buf *b, fi_wrapper *w, const char *name, long long cal
             fi_buf_puts(b, ", ");
         fi_json_str(b, key, (size_t)n);
         fi_buf_puts(b, ": ");
-        if (fi_format_json_value(b, args[nargs + i], level) < 0)
+        if (fi_format_json_value(b, args[nargs + i], call) < 0)
             return -1;
     }
     fi_buf_puts(b, "}, \"defaults\": {");
-    if (put_defaults(b, w, nargs, kwnames, json_default) < 0)
+    if (put_defaults(b, w, call, nargs, kwnames, json_default) < 0)
         return -1;
     fi_buf_putc(b, '}');
     return fi_format_json_close(b);
@@ -335,12 +333,11 @@ static void format_call_line(fi_buf *b, fi_logger *lg, const char *name, long lo
     }
 }
 
-static int json_output(fi_buf *b, fi_wrapper *w, const char *name, long long call_id,
-                       PyObject *result)
+static int json_output(fi_buf *b, fi_call *call, long long call_id, PyObject *result)
 {
-    fi_format_json_head(b, "return", name, call_id);
+    fi_format_json_head(b, "return", call->api_name, call_id);
     fi_format_json_key(b, "result");
-    if (fi_format_json_value(b, result, w->logger->cfg.level) < 0)
+    if (fi_format_json_value(b, result, call) < 0)
         return -1;
     return fi_format_json_close(b);
 }
@@ -374,10 +371,10 @@ static void emit_json_exception(fi_logger *lg, const char *name, long long call_
     PyErr_Restore(et, ev, tb);
 }
 
-static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
+static int format_output(fi_buf *b, fi_call *call, PyObject *result)
 {
     fi_buf_puts(b, "Output value:\n");
-    if (fi_format_value(b, result, 1, w->logger->cfg.level) < 0)
+    if (fi_format_value(b, result, 1, call) < 0)
         return -1;
     fi_buf_puts(b, SEP_LINE);
     fi_buf_putc(b, '\n');
@@ -391,7 +388,8 @@ static int format_output(fi_buf *b, fi_wrapper *w, PyObject *result)
 /* ------------------------------------------------------------- the call path */
 
 /* args holds every argument (self first for bound calls). Logging failures are
- * reported in the log and never reach the caller. */
+ * reported in the log and never reach the caller. The call's context (call.h) goes down
+ * through the log text and the recorder, and is released when the call returns. */
 static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames)
 {
@@ -410,6 +408,8 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
         PyErr_Clear();
         name = "<unnamed>";
     }
+    fi_call call;
+    fi_call_begin(&call, name, level);
     int json = lg->cfg.log_format == FI_LOG_JSON;
     long long call_id = json ? ++lg->json_call_id : -1;
     int detailed = level >= 3 && fi_config_name_passes(&lg->cfg, name);
@@ -418,7 +418,7 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
     fi_buf_init(&b);
     if (detailed && level >= 10 && !fi_logger_dumps_suspended(lg)) {
         fi_dump_api api = {name, w->func, w->signature_text, self};
-        dump = fi_dump_begin(lg, &api, args, nargs, kwnames);
+        dump = fi_dump_begin(&lg->rec, &call, &api, args, nargs, kwnames);
     }
     /* levels 3+ log nothing at all for a call the include/exclude filters leave out
      * (FlashInfer's rule); level 1 names every call */
@@ -426,8 +426,8 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
         format_call_line(&b, lg, name, call_id);
         emit_buf(lg, &b);
     } else if (detailed) {
-        if ((json ? json_inputs(&b, w, name, call_id, args, nargs, kwnames)
-                  : format_inputs(&b, w, name, args, nargs, kwnames)) == 0)
+        if ((json ? json_inputs(&b, w, &call, call_id, args, nargs, kwnames)
+                  : format_inputs(&b, w, &call, args, nargs, kwnames)) == 0)
             emit_buf(lg, &b);
         else
             emit_logging_error(lg, name, "pre-execution");
@@ -439,19 +439,21 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
         fi_buf_reset(&b);
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        int remember = dump && fi_dump_checks_outputs(dump);
-        fi_stats_remember_taken(remember);
-        if ((json ? json_output(&b, w, name, call_id, result) : format_output(&b, w, result)) == 0)
+        /* the recorder's nan/inf check of the outputs reuses the statistics of their text */
+        call.stats.keep_taken = dump && fi_dump_checks_outputs(dump);
+        if ((json ? json_output(&b, &call, call_id, result) : format_output(&b, &call, result)) ==
+            0)
             emit_buf(lg, &b);
         else
             emit_logging_error(lg, name, "outputs");
-        fi_stats_remember_taken(0);
+        call.stats.keep_taken = 0;
         PyErr_Restore(et, ev, tb);
     } else if (!result && detailed && json) {
         emit_json_exception(lg, name, call_id);
     }
     if (dump)
         fi_dump_end(dump, result);
+    fi_call_end(&call);
     fi_buf_free(&b);
     Py_DECREF(name_obj);
     return result;

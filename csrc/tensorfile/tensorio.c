@@ -209,11 +209,11 @@ static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, 
 
 Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
 {
-    return fi_save_tensor_dict_stats(path, dict, format, NULL);
+    return fi_save_tensor_dict_stats(path, dict, format, NULL, NULL);
 }
 
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
-                                     fi_stats_sink sink)
+                                     fi_stats_sink sink, void *ctx)
 {
     fi_saved_tensor *ts;
     size_t n;
@@ -230,7 +230,7 @@ Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int forma
     Py_END_ALLOW_THREADS
     for (size_t i = 0; stats && !err && i < n; i++)
         if (stats[i].kind != FI_STATS_NONE)
-            sink(ts[i].obj, &stats[i]);
+            sink(ctx, ts[i].obj, &stats[i]);
     PyMem_Free(stats);
     fi_buf_free(&header);
     free_saved(ts, n);

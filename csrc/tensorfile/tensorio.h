@@ -16,13 +16,14 @@ enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
 Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format);
 
 /* Receives the level-5 statistics of a tensor that fi_save_tensor_dict_stats took in the
- * same pass over its memory as the write (tensor: the dict's value). */
-typedef void (*fi_stats_sink)(PyObject *tensor, const fi_stats *stats);
+ * same pass over its memory as the write (tensor: the dict's value; ctx: the caller's). */
+typedef void (*fi_stats_sink)(void *ctx, PyObject *tensor, const fi_stats *stats);
 
-/* fi_save_tensor_dict, handing sink the statistics of each CPU tensor for which a stream
- * exists (fi_stats_stream_new: dense float32, float16, bfloat16) once the file is whole. */
+/* fi_save_tensor_dict, handing sink(ctx, ...) the statistics of each CPU tensor for which a
+ * stream exists (fi_stats_stream_new: dense float32, float16, bfloat16) once the file is
+ * whole. */
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
-                                     fi_stats_sink sink);
+                                     fi_stats_sink sink, void *ctx);
 
 /* A whole tensor file built in memory: data[0..len), data malloc'd with room for cap. */
 typedef struct {

@@ -1,16 +1,15 @@
-/* ring.h: the flight recorder's ring (FLASHINFER_DUMP_RING): on disk the last N call
- * directories; in memory the last N calls as complete file images, written when a trigger fires. */
-#ifndef FI_RING_H
-#define FI_RING_H
+/* ring_memory.h: the in-memory ring (FLASHINFER_DUMP_RING with FLASHINFER_DUMP_ON): the
+ * last N calls as complete file images, written out when a trigger fires (docs/ring.md). */
+#ifndef FI_RING_MEMORY_H
+#define FI_RING_MEMORY_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "strbuf.h"
 #include "tensorio.h"
 
-typedef struct fi_ring fi_ring;
-
-/* One recorded call of the in-memory ring: its directory's files, built at call time. */
+/* One recorded call: its directory's files, built at call time. */
 typedef struct {
     fi_image inputs, outputs; /* tensor file images (len 0: no file) */
     fi_buf meta;              /* metadata.jsonl: one line per record */
@@ -22,17 +21,40 @@ typedef struct {
     long long index, generation;
 } fi_ring_ticket;
 
-/* A ring of n calls under root; memory rings keep at most budget_gb and fire at most
- * max_triggers times; ext names the tensor files ("pt"). NULL when out of memory. */
+/* A slot is only read by a write-out while READY; whoever changes it makes it BUSY first. */
+enum { FI_SLOT_EMPTY, FI_SLOT_BUSY, FI_SLOT_READY };
+
+typedef struct {
+    atomic_int state;
+    long long generation;
+    char *dir;
+    fi_ring_files files;
+    size_t bytes; /* what its buffers hold (the budget counts capacity) */
+} fi_ring_slot;
+
+/* The ring. Changed in normal context under the GIL; read by the write-out
+ * (crash_writer.c), which also runs inside signal handlers (ring_signals.c). */
+typedef struct fi_ring {
+    long long n;
+    char *root;
+    char *ext;             /* tensor file extension: "pt" or "safetensors" */
+    fi_ring_slot *slots;   /* n slots, never moved: their inline buffers stay put */
+    long long head, count; /* index of the oldest call; calls held */
+    long long generation;  /* last generation handed out */
+    size_t budget, used;
+    long long max_triggers;
+    atomic_llong fired;
+    atomic_int flushing;        /* a writer is reading slots (maybe a signal handler) */
+    atomic_int restart_pending; /* a signal handler fired: reset at the next claim */
+} fi_ring;
+
+/* A ring of n calls under root, keeping at most budget_gb and firing at most max_triggers
+ * times; ext names the tensor files ("pt"). NULL when out of memory. */
 fi_ring *fi_ring_new(long long n, const char *root, double budget_gb, long long max_triggers,
                      const char *ext);
 void fi_ring_free(fi_ring *r);
 
-/* Disk ring: dir (copied) is the newest call; the oldest beyond n is deleted, its
- * metadata.jsonl first so readers never see a partial dump. -1 when out of memory. */
-int fi_ring_disk_push(fi_ring *r, const char *dir);
-
-/* Memory ring: whether calls are still recorded (false once max_triggers fired). */
+/* Whether calls are still recorded (false once max_triggers fired). */
 int fi_ring_recording(fi_ring *r);
 
 /* A call's files while it writes them: its own, outside the ring, so that nothing another
@@ -58,10 +80,7 @@ void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files);
  * Returns the number of calls written, -1 (errno set) when the root cannot be written. */
 int fi_ring_fire(fi_ring *r, const char *trigger);
 
-/* Installs the fatal-signal and SIGUSR1 handlers for r (the newest ring wins); see ring.c. */
-int fi_ring_install_signals(fi_ring *r);
-
-/* Bytes the in-memory ring holds now (test hook). */
+/* Bytes the ring holds now. */
 size_t fi_ring_bytes(const fi_ring *r);
 
 #endif

@@ -1,0 +1,24 @@
+/* call.h: one decorated call on its way from wrapper_invoke down through the log text and
+ * the recorder: what every stage needs to know about this call, instead of process globals. */
+#ifndef FI_CALL_H
+#define FI_CALL_H
+
+#include "stats.h"
+
+typedef struct {
+    const char *api_name; /* "Cls.method" or "func" */
+    int level;            /* the log level in force (0, 1, 3, 5, 10) */
+    fi_stats_memo stats;  /* statistics taken of this call's tensors so far */
+} fi_call;
+
+/* A call at level with no statistics taken yet; fi_call_end releases what it kept. */
+static inline void fi_call_begin(fi_call *call, const char *api_name, int level)
+{
+    call->api_name = api_name;
+    call->level = level;
+    fi_stats_memo_init(&call->stats);
+}
+
+static inline void fi_call_end(fi_call *call) { fi_stats_memo_clear(&call->stats); }
+
+#endif

@@ -1,0 +1,104 @@
+/* record_mode.h: inside the recorder. A recorded call, the table of operations through which
+ * the common path (dump.c) keeps it (one table per mode: a directory per call, the disk ring,
+ * the in-memory ring), and the file helpers the modes share (dump_files.c). */
+#ifndef FI_RECORD_MODE_H
+#define FI_RECORD_MODE_H
+
+#include "dump_encode.h"
+#include "recorder.h"
+#include "ring_memory.h"
+#include "tensorio.h"
+
+struct fi_graph_entry;
+
+struct fi_dump_call {
+    fi_recorder *rec;
+    PyObject *owner;  /* a reference to rec's owner, which keeps rec alive */
+    fi_call *ctx;     /* the call's context (statistics memo) */
+    PyObject *name;   /* API name (str) */
+    PyObject *record; /* the line-1 record, extended into line 2 */
+    char *dir;        /* the call's directory */
+    long long input_bytes;
+    long long output_bytes;
+    PyObject *graph_capsule; /* while captured: the capsule holding graph, in graph_pending */
+    struct fi_graph_entry *graph;
+    int meta_fd; /* metadata.jsonl, open from line 1 to line 2 */
+    /* the in-memory ring's: the call's slot, and its files while the call writes them (files
+     * points at own then, else NULL: the slot holds them, or it is gone) */
+    fi_ring_ticket ticket;
+    fi_ring_files own, *files;
+    const char *trigger; /* a trigger the call fired (nan_input at once, the rest at the end) */
+    int tensors_skipped; /* larger than the ring's budget: records only */
+};
+
+/* How a mode keeps calls. Every operation gets the call; a failing one returns -1 with an
+ * exception set, which the common path logs as a "[DUMP ERROR]" line. */
+struct fi_record_mode {
+    int keeps_session;  /* records go to DUMP_DIR/session.jsonl too */
+    int keeps_captured; /* records calls made while a CUDA graph is captured (held tensors) */
+    /* Whether calls are recorded now, asked before anything is read; the first call makes the
+     * mode's ring. 1 yes, 0 no, -1 error. */
+    int (*recording)(fi_recorder *rec);
+    /* The caps on a call whose inputs hold bytes tensor bytes: 1 go, 0 skip (the log says
+     * why), -1 error. */
+    int (*admits)(fi_dump_call *call, long long bytes);
+    /* Names the call's directory (call->dir, with its per-API number in *call_seq) and makes
+     * its place there: the directory, a ring slot. -1 error. */
+    int (*place)(fi_dump_call *call, const char *stamp, long long bytes, long long *call_seq);
+    /* Writes the tensor file stem ("inputs" or "outputs"); the tensor bytes written. */
+    Py_ssize_t (*save)(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts);
+    /* Appends call->record as a line of the call's metadata.jsonl. */
+    int (*write_record)(fi_dump_call *call);
+    /* Line 1 is written (capturing: tensors held for graph flushes). */
+    void (*inputs_done)(fi_dump_call *call, long long bytes, int capturing);
+    /* Why outputs of bytes tensor bytes are not written ("size cap"), or NULL. */
+    const char *(*outputs_refused)(fi_dump_call *call, long long bytes);
+    /* Before line 2: the call takes its place back (NULL: nothing to do). */
+    void (*reopen)(fi_dump_call *call);
+    /* Line 2 is written (ok: without error); result is NULL when the call raised. */
+    void (*done)(fi_dump_call *call, PyObject *result, int ok);
+    /* Gives back the place of a call whose inputs could not be written. */
+    void (*abandon)(fi_dump_call *call);
+    /* fi_dump_checks_outputs for this mode. */
+    int (*checks_outputs)(const fi_dump_call *call);
+    /* The recorder goes: frees the mode's ring. */
+    void (*free_ring)(fi_recorder *rec);
+    /* fi_recorder_fire, fi_recorder_ring_bytes and fi_recorder_banner for this mode. */
+    int (*fire)(fi_recorder *rec, const char *trigger);
+    size_t (*ring_bytes)(const fi_recorder *rec);
+    PyObject *(*banner)(const fi_recorder *rec);
+};
+
+extern const fi_record_mode fi_record_call_dirs;   /* level 10 alone: every call (record_dirs.c) */
+extern const fi_record_mode fi_record_disk_ring;   /* FLASHINFER_DUMP_RING (record_dirs.c) */
+extern const fi_record_mode fi_record_memory_ring; /* ... with FLASHINFER_DUMP_ON */
+
+/* ---- dump_files.c: log lines, directories, records and tensor files on disk */
+
+void fi_dump_log(fi_recorder *rec, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "[DUMP ERROR (where) in NAME]: message" for the pending exception, cleared. */
+void fi_dump_log_error(fi_recorder *rec, const char *name, const char *where);
+
+/* Creates the dump root (mode 0700 when we create it, parents too). -1 with OSError. */
+int fi_dump_ensure_root(fi_recorder *rec);
+
+/* The next per-API number of name (its directories' callNNNN). -1 with an exception. */
+long long fi_dump_next_counter(fi_recorder *rec, PyObject *name);
+
+/* The call directory DUMP_DIR/{stamp}_pid{pid}_{name}_call{NNNN}, made unless create is 0;
+ * *call_seq gets NNNN. A malloc'd path, or NULL with an exception set. */
+char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
+                            long long *call_seq, int create);
+
+/* The record as one line, appended to dir/metadata.jsonl (through *meta_fd when it is open;
+ * opened and kept there when meta_fd is given) and, when the mode keeps one, to
+ * session.jsonl. */
+int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record);
+
+/* Writes tensors to dir/stem.pt (or .safetensors), handing sink(ctx, ...) the statistics
+ * taken on the way (NULL: none); the bytes written, -1 with an exception set. */
+Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
+                                   PyObject *tensors, fi_stats_sink sink, void *ctx);
+
+#endif

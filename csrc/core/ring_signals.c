@@ -1,0 +1,104 @@
+/* ring_signals.c: the fatal-signal and SIGUSR1 handlers of the in-memory ring: they write
+ * it out (crash_writer.c), then hand the signal on as if they were not there. */
+#include "ring_signals.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crash_writer.h"
+
+static const int handled_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGUSR1};
+static const char *const signal_names[] = {"SIGSEGV", "SIGBUS",  "SIGFPE",
+                                           "SIGILL",  "SIGABRT", "SIGUSR1"};
+#define N_HANDLED (sizeof handled_signals / sizeof handled_signals[0])
+
+static struct sigaction previous[N_HANDLED];
+static fi_ring *_Atomic signal_ring;
+
+/* Hands the signal on as if we were not there: the previous handler, or the default
+ * action (re-raised; it is delivered when our handler returns, so core dumps and exit
+ * statuses are what they would have been). SIGUSR1's default would end the process:
+ * the recorder owns it then, and the process goes on. */
+static void chain(size_t i, int sig, siginfo_t *info, void *uctx)
+{
+    const struct sigaction *old = &previous[i];
+    if (old->sa_flags & SA_SIGINFO) {
+        if (old->sa_sigaction)
+            old->sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (old->sa_handler == SIG_IGN || (old->sa_handler == SIG_DFL && sig == SIGUSR1))
+        return;
+    if (old->sa_handler == SIG_DFL) {
+        sigaction(sig, old, NULL);
+        raise(sig);
+        return;
+    }
+    old->sa_handler(sig);
+}
+
+static void on_signal(int sig, siginfo_t *info, void *uctx)
+{
+    int saved_errno = errno;
+    size_t i = 0;
+    while (i < N_HANDLED - 1 && handled_signals[i] != sig)
+        i++;
+    fi_ring *r = atomic_load(&signal_ring);
+    /* fetch_add claims the trigger: two signals at once write the ring once */
+    if (r && !atomic_load(&r->restart_pending) &&
+        atomic_fetch_add(&r->fired, 1) < r->max_triggers) {
+        fi_crash_write_ring(r, "signal", signal_names[i]);
+        atomic_store(&r->restart_pending, 1); /* freeing memory waits for normal context */
+    }
+    errno = saved_errno;
+    chain(i, sig, info, uctx);
+}
+
+/* A stack overflow delivers SIGSEGV on the exhausted stack, where the handler has no room
+ * to run: the thread that installs the handlers (the one that made the ring, usually the
+ * main thread) gets an alternate signal stack, unless it has one already (faulthandler's,
+ * say). The memory stays for the life of the process, as the handlers do. */
+static int ensure_alt_stack(void)
+{
+    stack_t old;
+    if (sigaltstack(NULL, &old) == 0 && !(old.ss_flags & SS_DISABLE))
+        return 0;
+    size_t size = 256 * 1024; /* the ring's write-out needs little; chained handlers more */
+    stack_t ss = {.ss_sp = malloc(size), .ss_size = size, .ss_flags = 0};
+    if (!ss.ss_sp)
+        return -1;
+    if (sigaltstack(&ss, NULL) < 0) {
+        free(ss.ss_sp);
+        return -1;
+    }
+    return 0;
+}
+
+int fi_ring_install_signals(fi_ring *r)
+{
+    static int installed;
+    atomic_store(&signal_ring, r);
+    if (installed)
+        return 0;
+    if (ensure_alt_stack() < 0)
+        return -1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < N_HANDLED; i++)
+        if (sigaction(handled_signals[i], &sa, &previous[i]) < 0)
+            return -1;
+    installed = 1;
+    return 0;
+}
+
+/* A freed ring is no longer the handlers' ring. */
+void fi_ring_uninstall_signals(fi_ring *r)
+{
+    fi_ring *expected = r;
+    atomic_compare_exchange_strong(&signal_ring, &expected, NULL);
+}
