@@ -5,24 +5,24 @@ are walked call by call. Calls are matched by their position in their process wh
 both sessions carry the recorder's ``sequence``, else by (API name, occurrence of that
 API in its process); processes are paired in the order of their first call. For each
 matched pair the inputs and outputs are compared tensor by tensor (max abs and max rel
-difference, elements outside ``rtol``/``atol``; side B is the reference, as in
-``torch.allclose(a, b)``), together with the non-tensor inputs and the call status.
+difference, elements outside ``rtol``/``atol`` by the comparison rule replay uses,
+``compare.tensor_difference``; side B is the reference), together with the non-tensor
+inputs and the call status.
 
 It streams: one pair's tensors (memory-mapped by the core's loader) are alive at a
-time, compared in one pass by the core's C code without temporary copies. It only reads the dumps: nothing named
-by them is imported or called (docs/security.md).
+time, compared in one pass by the core's C code without temporary copies. It only reads
+the dumps: nothing named by them is imported or called (docs/security.md).
 """
 
-import json
 import math
 import os
 import re
 
-import torch
-
-from . import _C, dumpdir
+from . import dumpdir
 from .calls import session_calls
+from .compare import tensor_difference
 from .repro import is_workspace, parameter_of, parse_signature
+from .terminal import brief
 
 __all__ = ["diff_sessions", "tensor_difference"]
 
@@ -32,51 +32,6 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 # call writes or uses as scratch): compared, reported, never counted as divergence.
 # These output buffers and the workspaces of repro.WORKSPACE_PARAMETERS.
 SCRATCH_OUTPUTS = ("out", "lse")
-
-
-# ---------------------------------------------------------------- tensors
-
-
-def tensor_difference(a, b, rtol=1e-3, atol=1e-3):
-    """How tensor ``a`` differs from the reference ``b``.
-
-    One pass of the core's C comparison over their memory (memory-mapped dump files
-    stay unread until then), in double precision: floats as ``torch.isclose(a, b, rtol,
-    atol, equal_nan=True)``, integers and bool bit for bit, complex tensors as their
-    real and imaginary parts.
-
-    Parameters
-    ----------
-    a, b : torch.Tensor
-    rtol, atol : float
-
-    Returns
-    -------
-    dict
-        ``shape``, ``dtype`` (of b), ``numel``, ``max_abs``, ``max_rel`` (over elements
-        where b is not 0), ``mismatched`` (elements outside tolerance) and ``diverged``;
-        ``reason`` when shapes or dtypes differ.
-    """
-    out = {"shape": list(b.shape), "dtype": str(b.dtype), "numel": b.numel()}
-    if a.shape != b.shape or a.dtype != b.dtype:
-        out.update(
-            diverged=True,
-            reason=f"{a.dtype} {tuple(a.shape)} vs {b.dtype} {tuple(b.shape)}",
-            max_abs=None,
-            max_rel=None,
-            mismatched=None,
-        )
-        return out
-    a, b = (_comparable(t) for t in (a, b))
-    max_abs, max_rel, mismatched = _C.tensor_difference(a, b, rtol, atol)
-    out.update(max_abs=max_abs, max_rel=max_rel, mismatched=mismatched, diverged=mismatched > 0)
-    return out
-
-
-def _comparable(tensor):
-    """A CPU tensor of real values the C comparison reads in place."""
-    tensor = tensor.detach().cpu().resolve_conj().resolve_neg()
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
 # ------------------------------------------------------------------- values
@@ -95,11 +50,6 @@ def _normalized(value):
     return value
 
 
-def _brief(value):
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _metadata_differences(meta_a, meta_b, what):
     """Lines naming each non-tensor value that differs between two recordings."""
     lines = []
@@ -110,7 +60,7 @@ def _metadata_differences(meta_a, meta_b, what):
             continue
         va, vb = _normalized(meta_a[key]), _normalized(meta_b[key])
         if va != vb:
-            lines.append(f"{what} {key}: {_brief(va)} vs {_brief(vb)}")
+            lines.append(f"{what} {key}: {brief(va, 60, True)} vs {brief(vb, 60, True)}")
     return lines
 
 

@@ -17,6 +17,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from .terminal import brief
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_LINE_BYTES",
@@ -165,11 +167,6 @@ def _nested_deeper_than(value, limit):
 # ------------------------------------------------------------------ field types
 
 
-def _brief(value):
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _count(value):
     """None when ``value`` is an int in [0, MAX_COUNT], else what is expected."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
@@ -274,7 +271,7 @@ def field_problem(record):
 def _shown(value):
     if isinstance(value, float) and not math.isfinite(value):
         return {math.inf: "Infinity", -math.inf: "-Infinity"}.get(value, "NaN")
-    return f"a JSON {_json_type(value)} ({_brief(value)})"
+    return f"a JSON {_json_type(value)} ({brief(value, 40)})"
 
 
 # ---------------------------------------------------------------- the value tree

@@ -14,13 +14,11 @@ import torch
 
 from . import _C, jit_args, registry
 from . import record as rec
+from .compare import tensors_differ
 from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
+from .terminal import brief
 
 __all__ = ["replay_from_dump", "replay_sequence", "suspended_dumps"]
-
-_EXACT_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
-_BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 # ----------------------------------------------------------------------- tensors
 
@@ -146,38 +144,12 @@ def _expected_result(metadata, builder, where):
 # ---------------------------------------------------------------------- comparison
 
 
-def _tensors_differ(actual, expected, rtol, atol):
-    """None when equal within tolerance, else a short reason."""
-    if tuple(actual.shape) != tuple(expected.shape):
-        return f"shape {tuple(actual.shape)} != recorded {tuple(expected.shape)}"
-    if actual.dtype != expected.dtype:
-        return f"dtype {actual.dtype} != recorded {expected.dtype}"
-    actual = actual.detach()
-    expected = expected.detach().to(actual.device)
-    if actual.numel() == 0:
-        return None
-    if actual.dtype in _EXACT_DTYPES or not (actual.is_floating_point() or actual.is_complex()):
-        bits = _BITS_VIEW.get(actual.element_size())
-        if actual.dtype not in _EXACT_DTYPES and bits is not None:
-            actual, expected = actual.contiguous().view(bits), expected.contiguous().view(bits)
-        if torch.equal(actual, expected):
-            return None
-        return "values differ (exact comparison)"
-    if actual.dtype not in (torch.float64, torch.complex64, torch.complex128):
-        actual, expected = actual.float(), expected.float()
-    if torch.allclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True):
-        return None
-    diff = (actual - expected).abs()
-    diff = diff[~torch.isnan(diff)]
-    worst = diff.max().item() if diff.numel() else float("nan")
-    return f"values differ beyond rtol={rtol}, atol={atol} (max abs diff {worst:g})"
-
-
 def compare_values(actual, expected, rtol=1e-3, atol=1e-3, path="result"):
     """Compare a replayed value with the recorded one.
 
-    Tensors by shape, dtype and ``torch.allclose`` (integer and bool dtypes exactly),
-    recursively through tuples, lists and dicts; other values by ``==`` (NaN equals NaN).
+    Tensors by shape, dtype and the comparison rule shared with ``flashinfer diff``
+    (``compare.tensor_difference``, docs/replay.md#the-comparison-rule), recursively
+    through tuples, lists and dicts; other values by ``==`` (NaN equals NaN).
     A recorded value that could only be stored as its repr matches any value of the
     same type name.
 
@@ -196,12 +168,12 @@ def _compare(actual, expected, rtol, atol, path, out):
         if not isinstance(actual, torch.Tensor):
             out.append(f"{path}: expected a tensor, got {type(actual).__name__}")
             return
-        reason = _tensors_differ(actual, expected, rtol, atol)
+        reason = tensors_differ(actual, expected, rtol, atol)
         if reason:
             out.append(f"{path}: {reason}")
     elif isinstance(expected, (list, tuple)):
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
-            out.append(f"{path}: expected a sequence of {len(expected)}, got {_brief(actual)}")
+            out.append(f"{path}: expected a sequence of {len(expected)}, got {brief(actual)}")
             return
         for i, (a, e) in enumerate(zip(actual, expected)):
             _compare(a, e, rtol, atol, f"{path}[{i}]", out)
@@ -223,12 +195,7 @@ def _compare(actual, expected, rtol, atol, path, out):
         except Exception:  # noqa: BLE001 - an unorderable/odd __eq__ is a mismatch
             same = False
         if not same:
-            out.append(f"{path}: {_brief(actual)} != recorded {_brief(expected)}")
-
-
-def _brief(value):
-    text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor{tuple(value.shape)}"
-    return text if len(text) <= 80 else text[:77] + "..."
+            out.append(f"{path}: {brief(actual)} != recorded {brief(expected)}")
 
 
 # -------------------------------------------------------------------------- replay

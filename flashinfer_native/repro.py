@@ -1,10 +1,13 @@
 """``flashinfer repro``: one recorded call as a self-contained folder with a ``repro.py``.
 
 The folder holds the call's tensors (``data/*.pt``, PyTorch's own format, read back with
-``torch.load(weights_only=True)``: safetensors dumps are converted) and a script that
-needs only ``torch`` and ``flashinfer``. For a method of a stateful wrapper the script
-first rebuilds the object: its ``__init__`` and the latest ``plan`` recorded on the same
-object (same ``process_id`` and ``self_id``) before the call. The script compares the
+``torch.load(weights_only=True)``: safetensors dumps are converted), a script that
+needs only ``torch`` and ``flashinfer``, and next to it ``repro_runtime.py``, a copy of
+this package's module of that name: the script's helpers (loading, the comparison rule
+of replay and diff, checking a raised exception), fixed text the script imports. For a
+method of a stateful wrapper the script first rebuilds the object: its ``__init__`` and
+the latest ``plan`` recorded on the same object (same ``process_id`` and ``self_id``)
+before the call. The script compares the
 result with the recorded outputs, or the raised exception with the recorded one, and
 exits 1 on a mismatch.
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, dumpdir, jit_args, registry
+from . import _C, dumpdir, jit_args, registry, repro_runtime
 from . import record as rec
 from .calls import session_calls
 from .record import dotted_name
@@ -50,6 +53,11 @@ PLAN_METHODS = ("plan", "begin_forward")
 # (FlashInfer's workspace buffers): the script makes them with torch.empty instead of
 # shipping their recorded bytes (often hundreds of MB).
 WORKSPACE_PARAMETERS = ("*workspace*",)
+
+# The reproducer's runtime (repro_runtime.py, this package's module) is copied under this
+# name next to the script, which imports its helpers from there.
+RUNTIME_MODULE = "repro_runtime"
+RUNTIME_HELPERS = tuple(repro_runtime.__all__)
 
 _NESTED_KEY = rec.NESTED_KEY
 _DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
@@ -199,13 +207,13 @@ def _dotted(text, what):
     return text.split(".")
 
 
-# Names the script defines itself; imports never shadow them.
+# Names the script defines or imports itself; imports never shadow them.
 _SCRIPT_NAMES = {
     "argparse",
     "os",
     "sys",
     "torch",
-    "HERE",
+    RUNTIME_MODULE,
     "load",
     "compare",
     "compare_tensor",
@@ -656,102 +664,6 @@ def _ending(target, record, outputs, script, patterns):
     return lines
 
 
-_HELPERS_LOAD = '''
-def load(name, device):
-    """The tensors saved in data/NAME.pt, on device with their recorded strides."""
-    path = os.path.join(HERE, "data", name + ".pt")
-    return torch.load(path, map_location=device, weights_only=True)
-'''
-
-_HELPERS_ON_DEVICE = '''
-def on_device(recorded, device):
-    """A recorded torch.device, moved to the run device when their kinds differ."""
-    recorded = torch.device(recorded)
-    return recorded if recorded.type == device.type else device
-'''
-
-_HELPERS_COMPARE = '''
-def compare_tensor(where, actual, expected, rtol, atol):
-    """Print the max abs/rel difference of a tensor against the recorded one.
-
-    Floating tensors match within torch.isclose(rtol, atol) (NaN equals NaN); integer
-    and bool tensors must be bit-identical.
-    """
-    if not isinstance(actual, torch.Tensor):
-        print(f"  {where}: expected a tensor, got {type(actual).__name__}")
-        return False
-    if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        print(
-            f"  {where}: got {actual.dtype} {tuple(actual.shape)}, "
-            f"recorded {expected.dtype} {tuple(expected.shape)}"
-        )
-        return False
-    a, e = actual.detach().cpu(), expected.detach().cpu()
-    if not (a.is_floating_point() or a.is_complex()):
-        width = a.element_size()
-        a_bytes = a.contiguous().view(-1).view(torch.uint8).view(-1, width)
-        e_bytes = e.contiguous().view(-1).view(torch.uint8).view(-1, width)
-        bad = int((a_bytes != e_bytes).any(dim=1).sum())
-        print(f"  {where}: {a.dtype} {tuple(a.shape)}: {bad} of {a.numel()} elements differ")
-        return bad == 0
-    wide = torch.complex128 if a.is_complex() else torch.float64
-    a, e = a.to(wide), e.to(wide)
-    close = torch.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
-    diff = (a - e).abs()
-    both_nan = torch.isnan(a) & torch.isnan(e)
-    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-    finite = diff[~torch.isnan(diff)]
-    max_abs = finite.max().item() if finite.numel() else 0.0
-    nonzero = e.abs() > 0
-    rel = (diff[nonzero] / e.abs()[nonzero]) if bool(nonzero.any()) else finite[:0]
-    rel = rel[~torch.isnan(rel)]
-    max_rel = rel.max().item() if rel.numel() else 0.0
-    bad = int((~close).sum())
-    print(
-        f"  {where}: {actual.dtype} {tuple(a.shape)}: max abs diff {max_abs:.6g}, "
-        f"max rel diff {max_rel:.6g}, {bad} of {a.numel()} elements outside "
-        f"rtol={rtol:g}, atol={atol:g}"
-    )
-    return bad == 0
-
-
-def compare(where, actual, expected, rtol, atol):
-    """Print how a value compares with the recorded one; True when it matches."""
-    if isinstance(expected, torch.Tensor):
-        return compare_tensor(where, actual, expected, rtol, atol)
-    if isinstance(expected, (tuple, list)):
-        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
-            print(f"  {where}: expected {len(expected)} items, got {type(actual).__name__}")
-            return False
-        pairs = zip(actual, expected)
-        return all([compare(f"{where}[{i}]", a, e, rtol, atol) for i, (a, e) in enumerate(pairs)])
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
-            print(f"  {where}: expected a dict with keys {sorted(map(str, expected))}")
-            return False
-        return all([compare(f"{where}[{k!r}]", actual[k], v, rtol, atol) for k, v in expected.items()])
-    if isinstance(actual, torch.Tensor):
-        print(f"  {where}: got a tensor, recorded {expected!r}")
-        return False
-    same = actual == expected or (actual != actual and expected != expected)  # NaN == NaN
-    print(f"  {where}: {actual!r} {'==' if same else '!='} recorded {expected!r}")
-    return bool(same)
-'''
-
-_HELPERS_EXCEPTION = '''
-def check_exception(exc, recorded_type, recorded_message):
-    """The call raised, as recorded: 0 when the exception type is the recorded one."""
-    traceback.print_exception(type(exc), exc, exc.__traceback__)
-    if type(exc).__name__ == recorded_type:
-        print(f"PASS: reproduced {recorded_type}: {exc}")
-        print(f"      recorded {recorded_type}: {recorded_message}")
-        return 0
-    print(f"FAIL: raised {type(exc).__name__}: {exc}")
-    print(f"      recorded {recorded_type}: {recorded_message}")
-    return 1
-'''
-
-
 def _docstring(steps, record, device, rtol, atol):
     target = steps[-1].call
     versions = record.get("versions") or {}
@@ -782,7 +694,8 @@ def _docstring(steps, record, device, rtol, atol):
         lines.append(f"The object is rebuilt as recorded before the call: {chain}.")
     lines += [
         "",
-        "Needs torch and flashinfer only. Run it from anywhere:",
+        "Needs torch and flashinfer only (and repro_runtime.py, next to this file).",
+        "Run it from anywhere:",
         "",
         f"    python repro.py [--device {device}] [--rtol {rtol:g}] [--atol {atol:g}]",
         "",
@@ -801,27 +714,23 @@ def _script_source(steps, outputs, device, rtol, atol, patterns, allow_jit_args=
     if record.get("execution_status") == "exception":
         body.pop()
     body += _ending(steps[-1], record, outputs, script, patterns)
-    helpers = [_HELPERS_LOAD]
-    if script.needs_on_device:
-        helpers.append(_HELPERS_ON_DEVICE)
-    if script.needs_compare:
-        helpers.append(_HELPERS_COMPARE)
     status = record.get("execution_status")
-    if status == "exception":
-        helpers.append(_HELPERS_EXCEPTION)
+    runtime = ["load"] + (["on_device"] if script.needs_on_device else [])
+    runtime += (["compare"] if script.needs_compare else []) + (
+        ["check_exception"] if status == "exception" else []
+    )
     notes = [f"    # NOTE: {_safe_text(note, 400)}" for note in dict.fromkeys(script.notes)]
-    stdlib = ["argparse", "os", "sys"] + (["traceback"] if status == "exception" else [])
     head = [
         "#!/usr/bin/env python3",
         f'"""{_docstring(steps, record, device, rtol, atol)}\n"""',
         "",
-        *[f"import {m}" for m in stdlib],
+        "import argparse",
+        "import sys",
         "",
         "import torch",
         "",
         *script.import_lines(),
-        "",
-        "HERE = os.path.dirname(os.path.abspath(__file__))",
+        f"from {RUNTIME_MODULE} import {', '.join(sorted(runtime))}",
         "",
     ]
     main = [
@@ -845,8 +754,7 @@ def _script_source(steps, outputs, device, rtol, atol, patterns, allow_jit_args=
         "    sys.exit(main())",
         "",
     ]
-    helper_text = "\n\n\n".join(h.strip("\n") for h in helpers)
-    text = "\n".join(head) + "\n\n" + helper_text + "\n\n" + "\n".join(main)
+    text = "\n".join(head) + "\n" + "\n".join(main)
     compile(text, "repro.py", "exec")  # a bug here must never ship a broken script
     return text, list(dict.fromkeys(script.notes))
 
@@ -932,6 +840,7 @@ def _write_folder(folder, steps, outputs):
         )
     if outputs:
         total += _C.save_tensors(os.path.join(data, f"{steps[-1].label}_outputs.pt"), outputs)
+    shutil.copyfile(repro_runtime.__file__, os.path.join(folder, RUNTIME_MODULE + ".py"))
     return total
 
 

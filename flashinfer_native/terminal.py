@@ -6,7 +6,10 @@ and an escape sequence would drive the reader's terminal (OSC 52 sets the clipbo
 Every string from a dump that the command line prints goes through :func:`escape`.
 """
 
-__all__ = ["escape"]
+import json
+import sys
+
+__all__ = ["brief", "escape"]
 
 # Longest text shown for one value; the rest is counted, not printed.
 MAX_SHOWN = 2000
@@ -37,3 +40,20 @@ def escape(text, limit=MAX_SHOWN):
     if not text.isprintable():
         text = "".join(c if c.isprintable() else _escaped(c) for c in text)
     return text + (f"... ({cut} more characters)" if cut else "")
+
+
+def brief(value, width=80, as_json=False):
+    """A value as short text for a one-line message: a tensor as ``tensor(shape)``,
+    anything else as its ``repr`` (``as_json``: data read from a record as JSON text,
+    keys sorted), cut to ``width`` characters (ending ``...``).
+
+    Not escaped: print the result through :func:`escape` when it holds a dump's text.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        text = f"tensor{tuple(value.shape)}"
+    elif as_json:
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -113,6 +113,8 @@ def test_fuzz_input_is_read_cleanly(tmp_path, target, path):
         "os.popen('x')",
         "__import__('os')",
         "wrapper.touch('x')",
+        "from repro_runtime import HERE",
+        "from repro_runtime import load as exec",
     ],
 )
 def test_exporter_target_fails_on_a_name_that_is_not_allowed(tmp_path, line):

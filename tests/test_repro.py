@@ -13,6 +13,7 @@ import triage_helpers as t
 from click.testing import CliRunner
 
 from flashinfer.__main__ import cli
+from flashinfer_native import repro_runtime
 from flashinfer_native.repro import export_repro, parse_signature
 
 ALLOW = ["replay_helpers"]
@@ -74,8 +75,14 @@ def test_script_passes_arguments_by_name_and_loads_with_torch_only(mirror_sessio
     assert "from flashinfer.decode import single_decode_with_kv_cache" in text
     assert "        q=inputs['arg_0'],  # torch.float16 (8, 64)" in text
     assert "        logits_soft_cap=30.0," in text
-    assert "torch.load(path, map_location=device, weights_only=True)" in text
+    assert "from repro_runtime import compare, load" in text
     assert "pickle" not in text and "flashinfer_native" not in text
+    with open(out / "repro_runtime.py") as f:
+        runtime = f.read()
+    with open(repro_runtime.__file__) as f:
+        assert runtime == f.read()  # the package's module, copied as it is
+    assert "torch.load(path, map_location=device, weights_only=True)" in runtime
+    assert sorted(os.listdir(out)) == ["data", "repro.py", "repro_runtime.py"]
     assert sorted(os.listdir(out / "data")) == [
         "1_single_decode_with_kv_cache_inputs.pt",
         "1_single_decode_with_kv_cache_metadata.jsonl",

@@ -132,12 +132,14 @@ def record(root, body, seed=0, **env_extra):
 
 
 # Runs each repro.py given on the command line in its own directory, in one process
-# (one torch import for all), and prints {folder: [exit status, output]} as JSON.
+# (one torch import for all), and prints {folder: [exit status, output]} as JSON. Each
+# script imports the repro_runtime.py of its own folder (the current directory).
 RUN_SCRIPTS = r"""
 import contextlib, io, json, os, runpy, sys
 results = {}
 for folder in sys.argv[1:]:
     os.chdir(folder)
+    sys.modules.pop("repro_runtime", None)
     out = io.StringIO()
     sys.argv = ["repro.py"]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):

@@ -1,8 +1,10 @@
 /* difference.c: element-wise difference of two CPU tensors in one pass over their memory
- * (memory-mapped dump files included), for `flashinfer diff`. */
+ * (memory-mapped dump files included): the comparison rule of replay, `flashinfer diff`
+ * and the reproducer (docs/replay.md#the-comparison-rule). */
 #include "difference.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "elements.h"
@@ -18,6 +20,17 @@ typedef struct {
     double rtol, atol;
     fi_difference acc;
 } difference_ctx;
+
+int fi_values_close(double x, double y, double rtol, double atol)
+{
+    if (isnan(x) || isnan(y))
+        return isnan(x) && isnan(y);
+    if (x == y)
+        return 1;
+    double d = fabs(x - y);
+    /* Without the finiteness test a finite x would match an infinite y (Inf <= Inf). */
+    return isfinite(d) && d <= atol + rtol * fabs(y);
+}
 
 /* Adds one differing pair to the maxima. */
 static void account(difference_ctx *c, double x, double y)
@@ -41,17 +54,16 @@ static void difference_row(void *ctx, const char *a, const char *b, int64_t n, i
         if (!c->is_float) {
             if (memcmp(a, b, c->esize) != 0) {
                 c->acc.mismatched++;
-                account(c, c->load(a), c->load(b));
+                if (c->load)
+                    account(c, c->load(a), c->load(b));
             }
             continue;
         }
         double x = c->load(a), y = c->load(b);
-        if (isnan(x) || isnan(y)) {
-            c->acc.mismatched += !(isnan(x) && isnan(y));
-        } else if (x != y) {
-            c->acc.mismatched += !(fabs(x - y) <= c->atol + c->rtol * fabs(y));
+        if (!fi_values_close(x, y, c->rtol, c->atol))
+            c->acc.mismatched++;
+        if (x != y)
             account(c, x, y);
-        }
     }
 }
 
@@ -60,7 +72,7 @@ void fi_tensor_difference(const fi_tensor *a, const fi_tensor *b, double rtol, d
 {
     difference_ctx c = {fi_element_loader(a->dtype),
                         fi_dtype_size(a->dtype),
-                        fi_element_is_float(a->dtype),
+                        fi_element_is_float(a->dtype) && fi_element_loader(a->dtype),
                         rtol,
                         atol,
                         {0.0, 0.0, 0}};
@@ -82,10 +94,14 @@ static int same_layout(const fi_tensor *a, const fi_tensor *b)
 
 PyDoc_STRVAR(tensor_difference_doc,
              "tensor_difference(a, b, rtol=1e-3, atol=1e-3)\n--\n\n"
-             "How CPU tensor a differs from the reference b (same shape and real dtype), in\n"
-             "one pass over their memory: (max_abs, max_rel, mismatched). max_rel is taken\n"
-             "where b is not 0; mismatched counts elements outside atol + rtol * |b|, as\n"
-             "torch.isclose(equal_nan=True) in double precision; integers and bool bit for bit.\n"
+             "How CPU tensor a differs from the reference b (same shape and dtype), in one\n"
+             "pass over their memory: (max_abs, max_rel, mismatched). The comparison rule of\n"
+             "replay, diff and the reproducer (docs/replay.md#the-comparison-rule): floats\n"
+             "read exactly as doubles match when both are NaN, equal, or |a - b| is finite\n"
+             "and at most atol + rtol * |b|; integers, bool and packed fp4 bit for bit.\n"
+             "max_rel is taken where b is not 0. rtol and atol must be finite and >= 0.\n"
+             "Complex tensors are compared as their real and imaginary parts\n"
+             "(torch.view_as_real).\n"
              "A dimension broadcast (stride 0) in both is read once; a and b both holding\n"
              "more elements than their storage (overlapping views) are refused (ValueError).");
 
@@ -110,7 +126,16 @@ static PyObject *py_tensor_difference(PyObject *module, PyObject *args, PyObject
                      fi_dtype_name(a.dtype), a.ndim, fi_dtype_name(b.dtype), b.ndim);
         return NULL;
     }
-    if (!fi_element_loader(a.dtype)) {
+    if (!(isfinite(rtol) && rtol >= 0 && isfinite(atol) && atol >= 0)) {
+        char text[160];
+        snprintf(text, sizeof text,
+                 "tensor_difference: rtol and atol must be finite and non-negative (rtol=%g, "
+                 "atol=%g)",
+                 rtol, atol);
+        PyErr_SetString(PyExc_ValueError, text);
+        return NULL;
+    }
+    if (!fi_element_loader(a.dtype) && a.dtype != FI_DTYPE_FP4X2) {
         PyErr_Format(PyExc_ValueError, "tensor_difference: dtype %s has no real values to compare",
                      fi_dtype_name(a.dtype));
         return NULL;

@@ -9,7 +9,7 @@ What counts as a failure (besides a crash under the sanitizers):
   ``LookupError`` (an API the installed package lacks), each a message naming the dump;
 - a script that does not parse, or that holds a name that is not allowed: every import
   must be of an allowed module and name a registered ``@flashinfer_api`` or an enum class
-  there, every other name must be one the exporter's own templates use (learned from
+  there (or a helper of the runtime module copied next to the script), every other name must be one the exporter's own templates use (learned from
   clean exports at start-up), a dtype of torch, or a registered method or enum member of
   what was imported;
 - any side effect the dump-tree target forbids (an import, a process, code execution, a
@@ -34,7 +34,7 @@ import fuzz_dumptree as tree  # noqa: E402
 
 ALLOW = ["replay_helpers"]
 EXPECTED = (OSError, ValueError, LookupError)
-STDLIB = {"argparse", "os", "sys", "traceback", "torch"}
+STDLIB = {"argparse", "sys", "torch"}
 DTYPES = {str(d).rpartition(".")[2] for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
@@ -88,6 +88,19 @@ def _member_allowed(obj, attr, patterns):
     return False
 
 
+def _runtime_helper(node, alias):
+    """``from repro_runtime import NAME`` of a helper the runtime module exports (the
+    exporter's fixed module, copied next to the script)."""
+    from flashinfer_native.repro import RUNTIME_HELPERS, RUNTIME_MODULE
+
+    return (
+        node.module == RUNTIME_MODULE
+        and node.level == 0
+        and alias.asname is None
+        and alias.name in RUNTIME_HELPERS
+    )
+
+
 def check_script(source, vocabulary, patterns):
     """Raise BadScript naming the first name of ``source`` that is not allowed."""
     try:
@@ -107,6 +120,9 @@ def check_script(source, vocabulary, patterns):
                 imported[alias.asname or alias.name] = sys.modules.get(alias.name)
         elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
+                if _runtime_helper(node, alias):
+                    imported[alias.name] = alias.name
+                    continue
                 obj = _allowed_import(node.module, alias.name, patterns)
                 if obj is None:
                     raise BadScript(f"from {node.module} import {alias.name}")
