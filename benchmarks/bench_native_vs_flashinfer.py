@@ -30,10 +30,10 @@ import time
 import timeit
 
 import torch
-from flashinfer.quantization.fp4_quantization import shuffle_matrix_a
 
 import flashinfer
 import flashinfer.api_logging as flashinfer_api_logging
+from flashinfer.quantization.fp4_quantization import shuffle_matrix_a
 from flashinfer_native.api_logging import serve_flashinfer
 
 

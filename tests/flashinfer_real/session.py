@@ -10,9 +10,9 @@ Prints one JSON line: each call's outcome (``ok`` or the exception type).
 import json
 
 import torch
-from flashinfer.quantization.fp4_quantization import shuffle_matrix_a
 
 import flashinfer
+from flashinfer.quantization.fp4_quantization import shuffle_matrix_a
 
 torch.manual_seed(0)
 outcomes = {}
