@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import torch
+from gpu_timing import copy_rate, time_cuda
 
 PEAK_TB_S = {"H100 SXM": 3.35, "H100 80GB HBM3": 3.35, "H200": 4.8}
 BATCH, KV_LEN, HQ, HKV, D, PAGE = 64, 4096, 32, 8, 128, 16
@@ -22,25 +23,7 @@ def peak_bandwidth():
     for key, tb in PEAK_TB_S.items():
         if key in name:
             return tb * 1e12, f"{name} (table)"
-    n = 1 << 28
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    t = time_cuda(lambda: b.copy_(a), 20)
-    return 2 * n / t, f"{name} (measured copy)"
-
-
-def time_cuda(fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return copy_rate(), f"{name} (measured copy)"
 
 
 def setup():
@@ -64,14 +47,6 @@ def child(level):
     print(time_cuda(fn, 50))
 
 
-def measured_copy():
-    """Bytes read plus written per second by a 256 MB device-to-device copy."""
-    n = 1 << 28
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * n / time_cuda(lambda: b.copy_(a), 20)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -87,7 +62,7 @@ def main(argv=None):
     fn, nbytes = setup()
     t = time_cuda(fn, 50)
     peak, source = peak_bandwidth()
-    copy = measured_copy()
+    copy = copy_rate()
     print(
         f"decode {BATCH}x{KV_LEN} fp16 Hq={HQ} Hkv={HKV} D={D}: {t * 1e6:.1f} us, "
         f"{nbytes / t / 1e12:.3f} TB/s = {100 * nbytes / t / peak:.1f}% of peak "

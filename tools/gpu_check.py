@@ -185,18 +185,23 @@ def step_graph(args):
         ok = ok and matched == 3
         ok = ok and (len(flushes) == 3 or findings["level10"].get("exit_flush_repeats_last"))
         # the flushed snapshot replays like any dump
-        r = subprocess.run(
-            [sys.executable, "-m", "flashinfer", "replay", "--dir", dumps],
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        findings["level10"]["replay_exit"] = r.returncode
-        findings["level10"]["replay_summary"] = (r.stdout.strip().splitlines() or [""])[-1]
-        print("replay:", findings["level10"]["replay_summary"])
-        ok = ok and r.returncode == 0
+        ok = replay(dumps, findings["level10"]) and ok
     return finish(args, findings, ok)
+
+
+def replay(dumps, findings):
+    """Replays a dump directory in a child; its exit status and summary line go to findings."""
+    r = subprocess.run(
+        [sys.executable, "-m", "flashinfer", "replay", "--dir", dumps],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    findings["replay_exit"] = r.returncode
+    findings["replay_summary"] = (r.stdout.strip().splitlines() or [""])[-1]
+    print(r.stdout[-3000:], r.stderr[-2000:] if r.returncode else "")
+    return r.returncode == 0
 
 
 def finish(args, data, ok):
@@ -265,63 +270,16 @@ def step_ring(args):
             ok = ok and nan_where == [[7, 1, 5]] and nan_heads == [4, 5, 6, 7]
             ok = ok and findings["recorded_from"] == "cuda:0"
         print("ring:", findings)
-        r = subprocess.run(
-            [sys.executable, "-m", "flashinfer", "replay", "--dir", dumps],
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        findings["replay_exit"] = r.returncode
-        findings["replay_summary"] = (r.stdout.strip().splitlines() or [""])[-1]
-        print(r.stdout[-3000:])
-        ok = ok and r.returncode == 0
+        ok = replay(dumps, findings) and ok
     return finish(args, findings, ok)
 
 
 # --- benchmarks ------------------------------------------------------------------------
 
 
-def cuda_time(torch, fn, iters, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
-
-
-def copy_rate(torch, nbytes=1 << 30):
-    """Bytes read plus written per second by a device-to-device copy of nbytes."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * nbytes / cuda_time(torch, lambda: b.copy_(a), 10)
-
-
 def step_bench_stats(args):
-    torch = need_cuda()
-    from flashinfer_native import _C
-
-    copy = copy_rate(torch)
-    rows = []
-    for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        x = torch.randn(1 << 28, device="cuda").to(dtype)  # 0.5-1 GB
-        t = cuda_time(torch, lambda x=x: _C.tensor_stats(x), 5, warmup=1)
-        rate = x.numel() * x.element_size() / t
-        rows.append(
-            {"dtype": str(dtype), "bytes": x.numel() * x.element_size(), "s": t, "GB_s": rate / 1e9}
-        )
-        print(f"stats {dtype}: {rate / 1e9:.0f} GB/s ({t * 1e3:.2f} ms)")
-        del x
-    worst = min(r["GB_s"] for r in rows) * 1e9
-    data = {"copy_GB_s": copy / 1e9, "rows": rows, "read_vs_copy": worst / copy}
-    print(f"D2D copy {copy / 1e9:.0f} GB/s (read+write); worst stats/copy {worst / copy:.2f}")
-    write_json(args.json, data)
-    return 0
+    need_cuda()
+    return run_bench("bench_gpu_stats.py", "--json", args.json)
 
 
 LEVEL10_CHILD = r"""
@@ -386,15 +344,10 @@ def step_bench_level10(args):
     return 0
 
 
-def step_bench_attention(args):
-    need_cuda()
+def run_bench(script, *argv):
+    """Runs benchmarks/<script> with argv in a child and prints what it printed."""
     r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "benchmarks", "bench_gpu_attention.py"),
-            "--json",
-            args.json,
-        ],
+        [sys.executable, os.path.join(REPO, "benchmarks", script), *argv],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -404,28 +357,25 @@ def step_bench_attention(args):
     return r.returncode
 
 
+def step_bench_attention(args):
+    need_cuda()
+    return run_bench("bench_gpu_attention.py", "--json", args.json)
+
+
 def step_bench_gemm(args):
     torch = need_cuda()
-    r = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "benchmarks", "bench_gpu_gemm.py"),
-            "--short",
-            "--warmup",
-            "3",
-            "--iters",
-            "10",
-            "--json",
-            args.json + ".rows",
-        ],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
+    rc = run_bench(
+        "bench_gpu_gemm.py",
+        "--short",
+        "--warmup",
+        "3",
+        "--iters",
+        "10",
+        "--json",
+        args.json + ".rows",
     )
-    print(r.stdout, r.stderr[-3000:])
-    if r.returncode != 0:
-        return r.returncode
+    if rc != 0:
+        return rc
     rows = json.load(open(args.json + ".rows"))["rows"]
     os.unlink(args.json + ".rows")
 
