@@ -224,15 +224,33 @@ def _final_scale(sm_scale, head_dim, q_scale, k_scale):
     return scale * _scale_value("q_scale", q_scale) * _scale_value("k_scale", k_scale)
 
 
-def _single_kwargs(q, k, v, q_ndim, q_scale, k_scale, *settings):
+# the kernel settings a call or plan() names alike (_common_kwargs's, after kv_layout)
+_SETTING_NAMES = (
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+)
+
+
+def _settings(kv_layout, args):
+    """``_common_kwargs`` of a call from its arguments by name (args: its ``locals()``)."""
+    return _common_kwargs(kv_layout, **{name: args[name] for name in _SETTING_NAMES})
+
+
+def _single_kwargs(args, q_ndim, q_scale, k_scale):
     """Checks a single-request call's q, k, v; its kernel settings with the folded scale.
 
-    ``settings`` are ``_common_kwargs``'s arguments, in its order.
+    args are the call's arguments by name (its ``locals()``): q, k, v, kv_layout and the
+    ``_SETTING_NAMES``.
     """
+    q = args["q"]
     _check_tensor("q", q, q_ndim)
-    _check_tensor("k", k, 3)
-    _check_tensor("v", v, 3)
-    kw = _common_kwargs(*settings)
+    _check_tensor("k", args["k"], 3)
+    _check_tensor("v", args["v"], 3)
+    kw = _settings(args["kv_layout"], args)
     kw["sm_scale"] = _final_scale(kw["sm_scale"], q.shape[-1], q_scale, k_scale)
     return kw
 
@@ -285,6 +303,44 @@ def _plan_dtypes(q_data_type, kv_data_type, data_type=None, o_data_type=None):
     return q_dtype, kv_dtype, q_dtype if o_dtype is None else o_dtype
 
 
+def _new_plan(kv_layout, args, qo_indptr, head_dim, head_dim_vo=None):
+    """The ``_Plan`` every wrapper's ``plan()`` starts from, from its arguments by name
+    (args: its ``locals()``): the sizes checked, the kernel settings normalised, the dtypes
+    resolved (``data_type`` where the wrapper takes it)."""
+    num_qo_heads, num_kv_heads = args["num_qo_heads"], args["num_kv_heads"]
+    pos_encoding_mode = args["pos_encoding_mode"]
+    _check_plan(num_qo_heads, num_kv_heads, head_dim, head_dim_vo, kv_layout, pos_encoding_mode)
+    settings = _settings(kv_layout, args)
+    q_dtype, kv_dtype, o_dtype = _plan_dtypes(
+        args["q_data_type"], args["kv_data_type"], args.get("data_type"), args["o_data_type"]
+    )
+    return _Plan(
+        qo_indptr=qo_indptr,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_dtype=q_dtype,
+        kv_dtype=kv_dtype,
+        settings=settings,
+        o_dtype=o_dtype,
+        head_dim_vo=head_dim_vo,
+    )
+
+
+def _with_page_table(plan, page_table, page_size, lookup, split):
+    """The plan with the page table it runs on (``_page_table``) and its split hint.
+
+    page_table: plan()'s (indptr, indices, last_page_len) as ``_index_tensor`` copies;
+    lookup: (block_tables, seq_lens); split: (fixed_split_size, disable_split_kv).
+    """
+    _check_page_size(page_size)
+    table = _page_table(*page_table, page_size, *lookup)
+    plan.kv_indptr, plan.kv_indices, plan.kv_last_page_len = table
+    plan.page_size = page_size
+    plan.kv_chunk = _split_hint(*split, page_size)
+    return plan
+
+
 @dataclass(eq=False)
 class _Plan:
     """What a wrapper's ``plan()`` keeps for its ``run()`` calls.
@@ -327,17 +383,6 @@ class _Plan:
     @property
     def qo_rows(self):
         return int(self.qo_indptr[-1])
-
-
-def _init_wrapper(wrapper, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit):
-    """The settings every wrapper's ``__init__`` keeps; jit is (jit_args, jit_kwargs)."""
-    if jit[0] is not None or jit[1] is not None:
-        raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
-    wrapper._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
-    wrapper._float_workspace_buffer = float_workspace_buffer
-    wrapper._use_cuda_graph = use_cuda_graph
-    wrapper._backend = backend
-    wrapper._plan = None
 
 
 def _not_implemented(name, value, accepted):
@@ -602,6 +647,17 @@ class _WrapperBase:
     """What FlashInfer's three batch wrappers share beyond plan() and run(): the settings
     ``__init__`` keeps, the ``*_return_lse`` forms and the deprecated ``forward``."""
 
+    def __init__(
+        self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs
+    ):
+        if jit_args is not None or jit_kwargs is not None:
+            raise NotImplementedError("jit_args/jit_kwargs: JIT custom modules are not supported")
+        self._kv_layout = _check_choice("kv_layout", kv_layout, _KV_LAYOUTS)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._use_cuda_graph = use_cuda_graph
+        self._backend = backend
+        self._plan = None
+
     @property
     def is_cuda_graph_enabled(self):
         return self._use_cuda_graph
@@ -613,18 +669,22 @@ class _WrapperBase:
     def end_forward(self):
         """Deprecated in FlashInfer; no effect."""
 
-    def _forward(self, run_args, return_lse, settings):
-        """The deprecated forward(): settings replace the plan's, then run()."""
+    def _forward(self, args, run_names):
+        """The deprecated forward(): args are its arguments by name (its ``locals()``);
+        those in run_names go to run() positionally, with return_lse and the q, k, v
+        scales; the rest replace the plan's settings."""
         plan = self._plan
         if plan is None:
             raise RuntimeError("forward: plan() must be called before forward()")
-        causal = settings.pop("causal", None)
-        settings.pop("use_fp16_qk_reduction", None)
+        skip = ("self", "return_lse", "causal", "use_fp16_qk_reduction") + run_names
+        settings = {k: v for k, v in args.items() if k not in skip}
         scales = {k: settings.pop(k) for k in ("q_scale", "k_scale", "v_scale") if k in settings}
         plan.settings = _common_kwargs(self._kv_layout, **settings)
+        causal = args.get("causal")
         if causal is not None and plan.mask is None:
             plan.causal = bool(causal)
-        return self.run(*run_args, return_lse=return_lse, **scales)
+        run_args = tuple(args[name] for name in run_names)
+        return self.run(*run_args, return_lse=args["return_lse"], **scales)
 
     def run_return_lse(self, *args, **kwargs):
         """run() with ``return_lse=True``: (out, lse)."""

@@ -10,20 +10,14 @@ import warnings
 import torch
 
 from ._attention_common import (
-    _check_page_size,
-    _check_plan,
     _check_planned_q,
-    _common_kwargs,
     _deprecated_positional,
     _index_tensor,
-    _init_wrapper,
     _kv_scales,
+    _new_plan,
     _not_implemented,
     _out_dtype,
-    _page_table,
     _paged_kv,
-    _Plan,
-    _plan_dtypes,
     _planned,
     _refuse_run_extras,
     _refuse_unless,
@@ -33,7 +27,7 @@ from ._attention_common import (
     _run_single,
     _scale_value,
     _single_kwargs,
-    _split_hint,
+    _with_page_table,
     _WrapperBase,
 )
 from .api_logging import flashinfer_api
@@ -90,21 +84,7 @@ def single_decode_with_kv_cache(
     torch.Tensor or tuple of torch.Tensor
         ``[num_qo_heads, head_dim]`` in q's dtype, and ``[num_qo_heads]`` lse when asked.
     """
-    kw = _single_kwargs(
-        q,
-        k,
-        v,
-        2,
-        q_scale,
-        k_scale,
-        kv_layout,
-        pos_encoding_mode,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        rope_scale,
-        rope_theta,
-    )
+    kw = _single_kwargs(locals(), 2, q_scale, k_scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = _run_single(
         q.unsqueeze(0),
@@ -171,9 +151,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
         backend="auto",
         jit_args=None,
     ):
-        _init_wrapper(
-            self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, (jit_args, None)
-        )
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, None)
         self._use_tensor_cores = use_tensor_cores
 
     @property
@@ -282,42 +260,17 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
                 f"last_page_len: {last_page_len.numel()} entries but indptr has "
                 f"{indptr.numel()}; accepted: len(indptr) - 1 entries"
             )
-        _check_plan(num_qo_heads, num_kv_heads, head_dim, None, self._kv_layout, pos_encoding_mode)
-        _check_page_size(page_size)
         _refuse_unless("window_right", window_right, (0,), "0")
         if not isinstance(q_len_per_req, int) or q_len_per_req < 1:
             raise ValueError(f"q_len_per_req: {q_len_per_req!r}; accepted: an int >= 1")
         if is_causal is not None and bool(is_causal) != (q_len_per_req > 1):
             _not_implemented("is_causal", is_causal, "None or q_len_per_req > 1")
-        indptr, indices, last_page_len = _page_table(
-            indptr, indices, last_page_len, page_size, block_tables, seq_lens
-        )
-        kw = _common_kwargs(
-            self._kv_layout,
-            pos_encoding_mode,
-            window_left,
-            logits_soft_cap,
-            sm_scale,
-            rope_scale,
-            rope_theta,
-        )
-        q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, data_type, o_data_type)
-        self._plan = _Plan(
-            qo_indptr=torch.arange(batch_size + 1, dtype=torch.int32) * q_len_per_req,
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            q_dtype=q_dtype,
-            kv_dtype=kv_dtype,
-            settings=kw,
-            o_dtype=o_dtype,
-            kv_indptr=indptr,
-            page_size=page_size,
-            kv_indices=indices,
-            kv_last_page_len=last_page_len,
-            causal=q_len_per_req > 1,
-            kv_chunk=_split_hint(fixed_split_size, disable_split_kv, page_size),
-        )
+        qo_indptr = torch.arange(batch_size + 1, dtype=torch.int32) * q_len_per_req
+        plan = _new_plan(self._kv_layout, locals(), qo_indptr, head_dim)
+        plan.causal = q_len_per_req > 1
+        page_table = (indptr, indices, last_page_len)
+        lookup, split = (block_tables, seq_lens), (fixed_split_size, disable_split_kv)
+        self._plan = _with_page_table(plan, page_table, page_size, lookup, split)
 
     @flashinfer_api
     def run(
@@ -423,9 +376,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
     ):
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["return_lse"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), return_lse, settings)
+        return self._forward(locals(), ("q", "paged_kv_cache"))
 
     forward = functools.partialmethod(_forward_call, return_lse=False)
     forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)
@@ -494,30 +445,11 @@ def fast_decode_plan(
     """FlashInfer's faster ``plan`` for a decode wrapper (SGLang binds it as a method):
     here the same as ``self.plan``. ``global_override_indptr_cpu``, when given, is the
     CPU copy of ``indptr`` and replaces it."""
+    kw = dict(locals())
+    del kw["self"], kw["global_override_indptr_cpu"]
     if global_override_indptr_cpu is not None:
-        indptr = global_override_indptr_cpu
-    self._plan_impl(
-        indptr,
-        indices,
-        last_page_len,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        pos_encoding_mode=pos_encoding_mode,
-        window_left=window_left,
-        logits_soft_cap=logits_soft_cap,
-        q_data_type=q_data_type,
-        kv_data_type=kv_data_type,
-        data_type=data_type,
-        sm_scale=sm_scale,
-        rope_scale=rope_scale,
-        rope_theta=rope_theta,
-        non_blocking=non_blocking,
-        fixed_split_size=fixed_split_size,
-        disable_split_kv=disable_split_kv,
-        q_len_per_req=q_len_per_req,
-    )
+        kw["indptr"] = global_override_indptr_cpu
+    self._plan_impl(**kw)
 
 
 def _check_run_q_len(plan, q, q_len_per_req):

@@ -11,28 +11,22 @@ import torch
 from ._attention_common import (
     _as_dtype,
     _check_at_least,
-    _check_page_size,
-    _check_plan,
     _check_planned_dtype,
     _check_planned_q,
     _check_same_lengths,
     _check_tensor,
-    _common_kwargs,
     _expect_tensor,
     _finish_lse,
     _head_scales,
     _index_tensor,
-    _init_wrapper,
     _is_float8,
     _kv_len,
     _kv_scales,
     _lengths,
+    _new_plan,
     _out_dtype,
-    _page_table,
     _paged_kv,
     _paged_kv_lens,
-    _Plan,
-    _plan_dtypes,
     _planned,
     _refuse_run_extras,
     _refuse_unless,
@@ -43,6 +37,7 @@ from ._attention_common import (
     _scale_value,
     _single_kwargs,
     _split_hint,
+    _with_page_table,
     _WrapperBase,
 )
 from .api_logging import flashinfer_api
@@ -235,21 +230,7 @@ def single_prefill_with_kv_cache(
         ``[qo_len, num_qo_heads, head_dim]``, and ``[qo_len, num_qo_heads]`` lse when asked.
     """
     per_head = _is_float8(q)  # fa3 FP8: scale_q/k/v are per-head tensors, not folded here
-    kw = _single_kwargs(
-        q,
-        k,
-        v,
-        3,
-        None if per_head else scale_q,
-        None if per_head else scale_k,
-        kv_layout,
-        pos_encoding_mode,
-        window_left,
-        logits_soft_cap,
-        sm_scale,
-        rope_scale,
-        rope_theta,
-    )
+    kw = _single_kwargs(locals(), 3, None if per_head else scale_q, None if per_head else scale_k)
     kw["sm_scale"] *= _scale_value("k_scale", k_scale)
     k_sf, v_sf = _kv_scales(kv_cache_sf, kw["kv_layout"], k)
     kv_len = _kv_len(k, kw["kv_layout"])
@@ -283,42 +264,6 @@ single_prefill_with_kv_cache_return_lse = functools.partial(
 single_prefill_with_kv_cache_return_lse.__doc__ = (
     "single_prefill_with_kv_cache with ``return_lse=True``: returns (out, lse)."
 )
-
-
-def _prefill_plan_common(
-    qo_indptr,
-    num_qo_heads,
-    num_kv_heads,
-    head_dim_qk,
-    head_dim_vo,
-    pos_encoding_mode,
-    kv_layout,
-    window_left,
-    logits_soft_cap,
-    sm_scale,
-    rope_scale,
-    rope_theta,
-    q_data_type,
-    kv_data_type,
-    o_data_type,
-):
-    qo_indptr = _index_tensor("qo_indptr", qo_indptr)
-    _check_plan(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, kv_layout, pos_encoding_mode)
-    kw = _common_kwargs(
-        kv_layout, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
-    )
-    q_dtype, kv_dtype, o_dtype = _plan_dtypes(q_data_type, kv_data_type, o_data_type=o_data_type)
-    return _Plan(
-        qo_indptr=qo_indptr,
-        num_qo_heads=num_qo_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim_qk,
-        q_dtype=q_dtype,
-        kv_dtype=kv_dtype,
-        settings=kw,
-        o_dtype=o_dtype,
-        head_dim_vo=head_dim_vo,
-    )
 
 
 def _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens, items):
@@ -365,10 +310,9 @@ def _prefill_run(plan, q, out, lse, return_lse, lse_layout):
     )
 
 
-def _init_prefill_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend, jit, owns_mask):
-    _init_wrapper(wrapper, workspace, kv_layout, use_cuda_graph, backend, jit)
+def _refuse_owned_mask(variant_owns_mask):
     _refuse_unless(
-        "variant_owns_mask", owns_mask, (False,), "False (it needs a JIT attention variant)"
+        "variant_owns_mask", variant_owns_mask, (False,), "False (it needs a JIT attention variant)"
     )
 
 
@@ -411,15 +355,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         jit_kwargs=None,
         variant_owns_mask=False,
     ):
-        _init_prefill_wrapper(
-            self,
-            float_workspace_buffer,
-            kv_layout,
-            use_cuda_graph,
-            backend,
-            (jit_args, jit_kwargs),
-            variant_owns_mask,
+        super().__init__(
+            float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs
         )
+        _refuse_owned_mask(variant_owns_mask)
 
     @flashinfer_api
     def plan(
@@ -498,24 +437,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         uniform_q_len : int, optional
             Accepted (a CUDA-graph tiling hint of FlashInfer's fa2 backend).
         """
-        plan = _prefill_plan_common(
-            qo_indptr,
-            num_qo_heads,
-            num_kv_heads,
-            head_dim_qk,
-            head_dim_vo,
-            pos_encoding_mode,
-            self._kv_layout,
-            window_left,
-            logits_soft_cap,
-            sm_scale,
-            rope_scale,
-            rope_theta,
-            q_data_type,
-            kv_data_type,
-            o_data_type,
-        )
-        qo_indptr = plan.qo_indptr
+        qo_indptr = _index_tensor("qo_indptr", qo_indptr)
+        plan = _new_plan(self._kv_layout, locals(), qo_indptr, head_dim_qk, head_dim_vo)
         kv_indptr = _index_tensor("paged_kv_indptr", paged_kv_indptr)
         kv_indices = _index_tensor("paged_kv_indices", paged_kv_indices)
         last_page_len = _index_tensor("paged_kv_last_page_len", paged_kv_last_page_len)
@@ -526,16 +449,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
                 f"{last_page_len.numel()} entries for {batch_size} requests (qo_indptr); "
                 "accepted: batch_size + 1 and batch_size"
             )
-        _check_page_size(page_size)
-        kv_indptr, kv_indices, last_page_len = _page_table(
-            kv_indptr, kv_indices, last_page_len, page_size, block_tables, seq_lens
-        )
-        plan.kv_indptr = kv_indptr
-        plan.page_size = page_size
-        plan.kv_indices = kv_indices
-        plan.kv_last_page_len = last_page_len
-        plan.kv_chunk = _split_hint(fixed_split_size, disable_split_kv, page_size)
-        kv_lens = _paged_kv_lens(kv_indptr, last_page_len, page_size)
+        page_table = (kv_indptr, kv_indices, last_page_len)
+        lookup, split = (block_tables, seq_lens), (fixed_split_size, disable_split_kv)
+        plan = _with_page_table(plan, page_table, page_size, lookup, split)
+        kv_lens = _paged_kv_lens(plan.kv_indptr, plan.kv_last_page_len, page_size)
         _check_hints(plan, kv_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv)
         items = (prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len)
         self._plan = _with_mask(plan, custom_mask, packed_custom_mask, causal, kv_lens, items)
@@ -639,9 +556,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
     ):
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["return_lse"], settings["q"], settings["paged_kv_cache"]
-        return self._forward((q, paged_kv_cache), return_lse, settings)
+        return self._forward(locals(), ("q", "paged_kv_cache"))
 
     forward = functools.partialmethod(_forward_call, return_lse=False)
     forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)
@@ -650,22 +565,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
 class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
     """Batched prefill attention over ragged (concatenated) K and V: ``plan``, then ``run``.
 
-    Parameters
-    ----------
-    float_workspace_buffer : torch.Tensor
-        Accepted for compatibility (the CPU kernels need no workspace).
-    kv_layout : str
-        ``"NHD"`` or ``"HND"``.
-    use_cuda_graph : bool
-        Accepted for compatibility.
-    qo_indptr_buf, kv_indptr_buf, custom_mask_buf, mask_indptr_buf : torch.Tensor, optional
-        Accepted for compatibility (CUDA-graph buffers).
-    backend : str
-        Accepted for compatibility.
-    jit_args, jit_kwargs : optional
-        JIT custom modules are not supported: only None.
-    variant_owns_mask : bool
-        Only False (a JIT variant's own mask).
+    The parameters are those of :class:`BatchPrefillWithPagedKVCacheWrapper`, with the
+    CUDA-graph buffers ``qo_indptr_buf``, ``kv_indptr_buf``, ``custom_mask_buf`` and
+    ``mask_indptr_buf`` (accepted for compatibility).
     """
 
     @flashinfer_api
@@ -683,15 +585,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         jit_kwargs=None,
         variant_owns_mask=False,
     ):
-        _init_prefill_wrapper(
-            self,
-            float_workspace_buffer,
-            kv_layout,
-            use_cuda_graph,
-            backend,
-            (jit_args, jit_kwargs),
-            variant_owns_mask,
+        super().__init__(
+            float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs
         )
+        _refuse_owned_mask(variant_owns_mask)
 
     @flashinfer_api
     def plan(
@@ -730,58 +627,25 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         o_indptr=None,
         uniform_q_len=None,
     ):
-        """Records the batch layout, mask and settings for ``run``.
+        """Records the batch layout, mask and settings for ``run``; the parameters not
+        named here are those of ``BatchPrefillWithPagedKVCacheWrapper.plan``.
 
         Parameters
         ----------
         qo_indptr, kv_indptr : torch.Tensor
             ``[batch_size + 1]`` offsets of each request's query rows and KV tokens.
-        num_qo_heads, num_kv_heads, head_dim_qk : int
-            Problem sizes; ``head_dim_vo`` must equal ``head_dim_qk`` when given.
-        custom_mask, packed_custom_mask : torch.Tensor, optional
-            Per-request ``[qo_len, kv_len]`` masks, flattened and concatenated (bool), or
-            packed per request (``segment_packbits``, little-endian).
-        causal : bool
-            Bottom-right aligned causal mask (ignored with a custom mask).
-        pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
-        rope_scale, rope_theta
-            As in :func:`single_prefill_with_kv_cache`.
         q_data_type, kv_data_type, o_data_type : torch.dtype or str
             Expected dtypes of q and k/v (``"uint8"``: NVFP4), and the output dtype.
-        non_blocking : bool
-            Accepted for compatibility.
-        prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr
-            Multi-item scoring, as in ``BatchPrefillWithPagedKVCacheWrapper.plan``.
         fixed_split_size, disable_split_kv
             Split-KV hints of the CUDA kernel (tokens per split; no split).
-        seq_lens, seq_lens_q : torch.Tensor, optional
-            KV and query lengths: only the ones the indptrs give.
-        max_token_per_sequence, max_sequence_kv : int, optional
-            Bounds on the longest query / KV length (checked).
+        seq_lens : torch.Tensor, optional
+            KV lengths: only the ones kv_indptr gives.
         v_indptr, o_indptr : torch.Tensor, optional
             ``[batch_size + 1]`` first rows of each request in v and in the output
             (default ``kv_indptr`` and ``qo_indptr``).
-        uniform_q_len : int, optional
-            Accepted (a CUDA-graph tiling hint of FlashInfer's fa2 backend).
         """
-        plan = _prefill_plan_common(
-            qo_indptr,
-            num_qo_heads,
-            num_kv_heads,
-            head_dim_qk,
-            head_dim_vo,
-            pos_encoding_mode,
-            self._kv_layout,
-            window_left,
-            logits_soft_cap,
-            sm_scale,
-            rope_scale,
-            rope_theta,
-            q_data_type,
-            kv_data_type,
-            o_data_type,
-        )
-        qo_indptr = plan.qo_indptr
+        qo_indptr = _index_tensor("qo_indptr", qo_indptr)
+        plan = _new_plan(self._kv_layout, locals(), qo_indptr, head_dim_qk, head_dim_vo)
         kv_indptr = _index_tensor("kv_indptr", kv_indptr)
         if kv_indptr.numel() != qo_indptr.numel():
             raise ValueError(
@@ -817,36 +681,20 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         enable_pdl=None,
         kv_cache_sf=None,
     ):
-        """Prefill attention for the planned batch.
+        """Prefill attention for the planned batch; the parameters not named here are
+        those of ``BatchPrefillWithPagedKVCacheWrapper.run``, and so is what it returns.
 
         Parameters
         ----------
-        q : torch.Tensor
-            ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``.
         k, v : torch.Tensor
             ``[kv_indptr[-1], num_kv_heads, head_dim_qk]`` (NHD) or heads first (HND);
             uint8 with ``head_dim // 2`` for NVFP4 (with ``kv_cache_sf``); v's rows follow
             the planned ``v_indptr`` when given.
-        q_scale, k_scale, v_scale : float or torch.Tensor, optional
-            Scales for quantized inputs.
         o_scale : float or torch.Tensor, optional
             The output's calibration scale: the output is divided by it.
-        out, lse : torch.Tensor, optional
-            Preallocated outputs (lse in the requested layout).
-        return_lse : bool
-            Also return lse.
-        lse_base, lse_layout : str
-            As in ``BatchPrefillWithPagedKVCacheWrapper.run``.
-        enable_pdl : bool, optional
-            Accepted for compatibility.
         kv_cache_sf : torch.Tensor or tuple of torch.Tensor, optional
             NVFP4 scales ``(k_scales, v_scales)``, float8_e4m3fn ``[rows, num_kv_heads,
             head_dim // 16]`` each, or one ``[rows, 2, num_kv_heads, head_dim // 16]`` tensor.
-
-        Returns
-        -------
-        torch.Tensor or tuple of torch.Tensor
-            The output, and lse when asked.
         """
         plan, head_scales = _planned(self, args, q)
         out, lse_view, lse = _prefill_run(plan, q, out, lse, return_lse, lse_layout)
@@ -885,9 +733,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
     ):
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
-        settings = dict(locals())
-        del settings["self"], settings["return_lse"], settings["q"], settings["k"], settings["v"]
-        return self._forward((q, k, v), return_lse, settings)
+        return self._forward(locals(), ("q", "k", "v"))
 
     forward = functools.partialmethod(_forward_call, return_lse=False)
     forward_return_lse = functools.partialmethod(_forward_call, return_lse=True)
