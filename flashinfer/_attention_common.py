@@ -1,9 +1,13 @@
-"""Plumbing shared by the decode and prefill attention functions and wrappers.
+"""The skeleton of the attention functions and wrappers (decode, prefill, sparse).
 
 Argument checks, index-tensor copies, scale folding, output allocation, the plan a
-wrapper keeps and the call of ``flashinfer._kernels.attention`` (with stream and thread
-count) live here once. A wrong type raises TypeError, a wrong value ValueError, a value
-FlashInfer accepts that this build cannot honour NotImplementedError.
+wrapper keeps (``_new_plan``, ``_with_page_table``), what ``__init__`` keeps and the
+deprecated ``forward`` (``_WrapperBase``), ``return_lse`` outputs and the call of
+``flashinfer._kernels.attention`` (with stream and thread count) live here once; each
+wrapper keeps only its own signature and what differs. Those signatures are FlashInfer's,
+written several parameters a line (``# fmt: skip``) so that each reads as one block. A
+wrong type raises TypeError, a wrong value ValueError, a value FlashInfer accepts that
+this build cannot honour NotImplementedError.
 """
 
 import math

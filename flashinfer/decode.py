@@ -35,22 +35,10 @@ from .api_logging import flashinfer_api
 
 @flashinfer_api
 def single_decode_with_kv_cache(
-    q,
-    k,
-    v,
-    kv_layout="NHD",
-    pos_encoding_mode="NONE",
-    use_tensor_cores=False,
-    q_scale=None,
-    k_scale=None,
-    v_scale=None,
-    window_left=-1,
-    logits_soft_cap=None,
-    sm_scale=None,
-    rope_scale=None,
-    rope_theta=None,
-    return_lse=False,
-):
+    q, k, v, kv_layout="NHD", pos_encoding_mode="NONE", use_tensor_cores=False, q_scale=None,
+    k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None,
+    rope_scale=None, rope_theta=None, return_lse=False,
+):  # fmt: skip
     """Decode attention of one query token against a single request's KV cache.
 
     Parameters
@@ -140,17 +128,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def __init__(
-        self,
-        float_workspace_buffer,
-        kv_layout="NHD",
-        use_cuda_graph=False,
-        use_tensor_cores=False,
-        paged_kv_indptr_buffer=None,
-        paged_kv_indices_buffer=None,
-        paged_kv_last_page_len_buffer=None,
-        backend="auto",
-        jit_args=None,
-    ):
+        self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+        use_tensor_cores=False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None, backend="auto", jit_args=None,
+    ):  # fmt: skip
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, None)
         self._use_tensor_cores = use_tensor_cores
 
@@ -161,17 +142,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def plan(
-        self,
-        indptr,
-        indices,
-        last_page_len,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        *deprecated_positional_args,
-        **kwargs,
-    ):
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        *deprecated_positional_args, **kwargs,
+    ):  # fmt: skip
         """Records the batch's page table and attention settings for later ``run`` calls.
 
         The optional arguments are keyword arguments (FlashInfer still takes them
@@ -223,34 +196,12 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
         )
 
     def _plan_impl(
-        self,
-        indptr,
-        indices,
-        last_page_len,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        page_size,
-        *,
-        pos_encoding_mode="NONE",
-        window_left=-1,
-        window_right=0,
-        logits_soft_cap=None,
-        q_data_type="float16",
-        kv_data_type=None,
-        o_data_type=None,
-        data_type=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        non_blocking=True,
-        block_tables=None,
-        seq_lens=None,
-        fixed_split_size=None,
-        disable_split_kv=False,
-        q_len_per_req=1,
-        is_causal=None,
-    ):
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+        pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
+        q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
+        rope_scale=None, rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None,
+        fixed_split_size=None, disable_split_kv=False, q_len_per_req=1, is_causal=None,
+    ):  # fmt: skip
         indptr = _index_tensor("indptr", indptr)
         indices = _index_tensor("indices", indices)
         last_page_len = _index_tensor("last_page_len", last_page_len)
@@ -274,23 +225,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def run(
-        self,
-        q,
-        paged_kv_cache,
-        *args,
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-        out=None,
-        lse=None,
-        return_lse=False,
-        enable_pdl=None,
-        window_left=None,
-        sinks=None,
-        q_len_per_req=None,
-        skip_softmax_threshold_scale_factor=None,
-        kv_cache_sf=None,
-    ):
+        self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+        lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None,
+        q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None,
+    ):  # fmt: skip
         """Decode attention for the planned batch.
 
         Parameters
@@ -360,20 +298,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_WrapperBase):
         return (out, lse_out) if return_lse else out
 
     def _forward_call(
-        self,
-        q,
-        paged_kv_cache,
-        pos_encoding_mode="NONE",
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        return_lse=False,
-    ):
+        self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None,
+        v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+        rope_theta=None, return_lse=False,
+    ):  # fmt: skip
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
         return self._forward(locals(), ("q", "paged_kv_cache"))
@@ -399,14 +327,9 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
     """
 
     def __init__(
-        self,
-        workspace_buffer,
-        indptr_buffer,
-        indices_buffer,
-        last_page_len_buffer,
-        kv_layout="NHD",
-        use_tensor_cores=False,
-    ):
+        self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer,
+        kv_layout="NHD", use_tensor_cores=False,
+    ):  # fmt: skip
         super().__init__(
             workspace_buffer,
             kv_layout,
@@ -419,29 +342,12 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
 
 
 def fast_decode_plan(
-    self,
-    indptr,
-    indices,
-    last_page_len,
-    num_qo_heads,
-    num_kv_heads,
-    head_dim,
-    page_size,
-    pos_encoding_mode="NONE",
-    window_left=-1,
-    logits_soft_cap=None,
-    q_data_type=None,
-    kv_data_type=None,
-    data_type=None,
-    sm_scale=None,
-    rope_scale=None,
-    rope_theta=None,
-    non_blocking=True,
-    fixed_split_size=None,
-    disable_split_kv=False,
-    q_len_per_req=1,
+    self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+    pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type=None,
+    kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
+    non_blocking=True, fixed_split_size=None, disable_split_kv=False, q_len_per_req=1,
     global_override_indptr_cpu=None,
-):
+):  # fmt: skip
     """FlashInfer's faster ``plan`` for a decode wrapper (SGLang binds it as a method):
     here the same as ``self.plan``. ``global_override_indptr_cpu``, when given, is the
     CPU copy of ``indptr`` and replaces it."""

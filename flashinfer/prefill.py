@@ -155,30 +155,12 @@ def _multi_item_mask(prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_
 
 @flashinfer_api
 def single_prefill_with_kv_cache(
-    q,
-    k,
-    v,
-    scale_q=None,
-    scale_k=None,
-    scale_v=None,
-    o_dtype=None,
-    custom_mask=None,
-    packed_custom_mask=None,
-    causal=False,
-    kv_layout="NHD",
-    pos_encoding_mode="NONE",
-    use_fp16_qk_reduction=False,
-    sm_scale=None,
-    window_left=-1,
-    logits_soft_cap=None,
-    rope_scale=None,
-    rope_theta=None,
-    backend="auto",
-    return_lse=False,
-    kv_cache_sf=None,
-    k_scale=None,
-    v_scale=None,
-):
+    q, k, v, scale_q=None, scale_k=None, scale_v=None, o_dtype=None, custom_mask=None,
+    packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
+    use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+    rope_scale=None, rope_theta=None, backend="auto", return_lse=False, kv_cache_sf=None,
+    k_scale=None, v_scale=None,
+):  # fmt: skip
     """Prefill attention of ``qo_len`` query tokens against one request's KV.
 
     Parameters
@@ -340,21 +322,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def __init__(
-        self,
-        float_workspace_buffer,
-        kv_layout="NHD",
-        use_cuda_graph=False,
-        qo_indptr_buf=None,
-        paged_kv_indptr_buf=None,
-        paged_kv_indices_buf=None,
-        paged_kv_last_page_len_buf=None,
-        custom_mask_buf=None,
-        mask_indptr_buf=None,
-        backend="auto",
-        jit_args=None,
-        jit_kwargs=None,
+        self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+        paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
         variant_owns_mask=False,
-    ):
+    ):  # fmt: skip
         super().__init__(
             float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs
         )
@@ -362,43 +334,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def plan(
-        self,
-        qo_indptr,
-        paged_kv_indptr,
-        paged_kv_indices,
-        paged_kv_last_page_len,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim_qk,
-        page_size,
-        head_dim_vo=None,
-        custom_mask=None,
-        packed_custom_mask=None,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        sm_scale=None,
-        window_left=-1,
-        logits_soft_cap=None,
-        rope_scale=None,
-        rope_theta=None,
-        q_data_type="float16",
-        kv_data_type=None,
-        o_data_type=None,
-        non_blocking=True,
-        prefix_len_ptr=None,
-        token_pos_in_items_ptr=None,
-        token_pos_in_items_len=0,
-        max_item_len_ptr=None,
-        seq_lens=None,
-        seq_lens_q=None,
-        block_tables=None,
-        max_token_per_sequence=None,
-        max_sequence_kv=None,
-        fixed_split_size=None,
-        disable_split_kv=False,
-        uniform_q_len=None,
-    ):
+        self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+        num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None,
+        packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None,
+        rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+        o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None,
+        block_tables=None, max_token_per_sequence=None, max_sequence_kv=None,
+        fixed_split_size=None, disable_split_kv=False, uniform_q_len=None,
+    ):  # fmt: skip
         """Records the batch layout, page table, mask and settings for ``run``.
 
         Parameters
@@ -459,26 +404,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def run(
-        self,
-        q,
-        paged_kv_cache,
-        *args,
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-        out=None,
-        lse=None,
-        return_lse=False,
-        lse_base="log2",
-        lse_layout="NH",
-        enable_pdl=None,
-        window_left=None,
-        sinks=None,
-        kv_cache_sf=None,
-        skip_softmax_threshold_scale_factor=None,
-        use_fp16_softmax=None,
-        uses_spcompress=None,
-    ):
+        self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None,
+        lse=None, return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None,
+        window_left=None, sinks=None, kv_cache_sf=None, skip_softmax_threshold_scale_factor=None,
+        use_fp16_softmax=None, uses_spcompress=None,
+    ):  # fmt: skip
         """Prefill attention for the planned batch.
 
         Parameters
@@ -539,21 +469,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_WrapperBase):
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
     def _forward_call(
-        self,
-        q,
-        paged_kv_cache,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        k_scale=None,
-        v_scale=None,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        return_lse=False,
-    ):
+        self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False, k_scale=None, v_scale=None, window_left=-1,
+        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None, return_lse=False,
+    ):  # fmt: skip
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
         return self._forward(locals(), ("q", "paged_kv_cache"))
@@ -572,19 +491,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def __init__(
-        self,
-        float_workspace_buffer,
-        kv_layout="NHD",
-        use_cuda_graph=False,
-        qo_indptr_buf=None,
-        kv_indptr_buf=None,
-        custom_mask_buf=None,
-        mask_indptr_buf=None,
-        backend="auto",
-        jit_args=None,
-        jit_kwargs=None,
-        variant_owns_mask=False,
-    ):
+        self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+        kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto",
+        jit_args=None, jit_kwargs=None, variant_owns_mask=False,
+    ):  # fmt: skip
         super().__init__(
             float_workspace_buffer, kv_layout, use_cuda_graph, backend, jit_args, jit_kwargs
         )
@@ -592,41 +502,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def plan(
-        self,
-        qo_indptr,
-        kv_indptr,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim_qk,
-        head_dim_vo=None,
-        custom_mask=None,
-        packed_custom_mask=None,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        q_data_type="float16",
-        kv_data_type=None,
-        o_data_type=None,
-        non_blocking=True,
-        prefix_len_ptr=None,
-        token_pos_in_items_ptr=None,
-        token_pos_in_items_len=0,
-        max_item_len_ptr=None,
-        fixed_split_size=None,
-        disable_split_kv=False,
-        seq_lens=None,
-        seq_lens_q=None,
-        max_token_per_sequence=None,
-        max_sequence_kv=None,
-        v_indptr=None,
-        o_indptr=None,
-        uniform_q_len=None,
-    ):
+        self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
+        custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None,
+        rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+        o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+        token_pos_in_items_len=0, max_item_len_ptr=None, fixed_split_size=None,
+        disable_split_kv=False, seq_lens=None, seq_lens_q=None, max_token_per_sequence=None,
+        max_sequence_kv=None, v_indptr=None, o_indptr=None, uniform_q_len=None,
+    ):  # fmt: skip
         """Records the batch layout, mask and settings for ``run``; the parameters not
         named here are those of ``BatchPrefillWithPagedKVCacheWrapper.plan``.
 
@@ -664,23 +548,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
 
     @flashinfer_api
     def run(
-        self,
-        q,
-        k,
-        v,
-        *args,
-        q_scale=None,
-        k_scale=None,
-        v_scale=None,
-        o_scale=None,
-        out=None,
-        lse=None,
-        return_lse=False,
-        lse_base="log2",
-        lse_layout="NH",
-        enable_pdl=None,
+        self, q, k, v, *args, q_scale=None, k_scale=None, v_scale=None, o_scale=None, out=None,
+        lse=None, return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None,
         kv_cache_sf=None,
-    ):
+    ):  # fmt: skip
         """Prefill attention for the planned batch; the parameters not named here are
         those of ``BatchPrefillWithPagedKVCacheWrapper.run``, and so is what it returns.
 
@@ -717,20 +588,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_WrapperBase):
         return (out, _finish_lse(lse, lse_base)) if return_lse else out
 
     def _forward_call(
-        self,
-        q,
-        k,
-        v,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        window_left=-1,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
+        self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+        window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
         return_lse=False,
-    ):
+    ):  # fmt: skip
         """FlashInfer's deprecated forward / forward_return_lse: run() with these settings
         replacing the plan's (return_lse: also return lse)."""
         return self._forward(locals(), ("q", "k", "v"))

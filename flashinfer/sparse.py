@@ -62,31 +62,12 @@ class BlockSparseAttentionWrapper(_WrapperBase):
 
     @flashinfer_api
     def plan(
-        self,
-        indptr,
-        indices,
-        M,
-        N,
-        R,
-        C,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        mask=None,
-        packed_mask=None,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        q_data_type="float16",
-        kv_data_type=None,
-        o_data_type="float16",
-        non_blocking=True,
+        self, indptr, indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, mask=None,
+        packed_mask=None, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+        logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None,
+        q_data_type="float16", kv_data_type=None, o_data_type="float16", non_blocking=True,
         block_mask=None,
-    ):
+    ):  # fmt: skip
         """Records the block pattern: ``indptr`` ``(MB + 1,)`` and ``indices`` (column
         blocks, ``< N // C``) of an ``M x N`` matrix of ``R x C`` blocks; ``mask`` (bool
         ``(nnz, R, C)``) or ``packed_mask`` hide keys inside blocks. The other settings are
@@ -123,18 +104,9 @@ class BlockSparseAttentionWrapper(_WrapperBase):
 
     @flashinfer_api
     def run(
-        self,
-        q,
-        k,
-        v,
-        scale_q=None,
-        scale_k=None,
-        scale_v=None,
-        out=None,
-        lse=None,
-        return_lse=False,
-        enable_pdl=None,
-    ):
+        self, q, k, v, scale_q=None, scale_k=None, scale_v=None, out=None, lse=None,
+        return_lse=False, enable_pdl=None,
+    ):  # fmt: skip
         """Attention of q ``(M, num_qo_heads, head_dim)`` over k, v ``(N, num_kv_heads,
         head_dim)`` under the planned pattern; ``scale_q/k/v`` are the per-head scales of
         float8 inputs. Returns the output (and lse when asked)."""
@@ -144,20 +116,10 @@ class BlockSparseAttentionWrapper(_WrapperBase):
         return self._paged.run(q, pages, *scales, out=out, lse=lse, return_lse=return_lse)
 
     def forward(
-        self,
-        q,
-        k,
-        v,
-        scale_q=None,
-        scale_k=None,
-        scale_v=None,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
+        self, q, k, v, scale_q=None, scale_k=None, scale_v=None, pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False, logits_soft_cap=None, sm_scale=None, rope_scale=None,
         rope_theta=None,
-    ):
+    ):  # fmt: skip
         """Deprecated in FlashInfer: run() with these settings replacing the plan's."""
         plan = self._paged._plan
         if plan is None:
@@ -187,24 +149,11 @@ class VariableBlockSparseAttentionWrapper(_WrapperBase):
 
     @flashinfer_api
     def plan(
-        self,
-        block_mask_map,
-        block_row_sz,
-        block_col_sz,
-        num_qo_heads,
-        num_kv_heads,
-        head_dim,
-        causal=False,
-        pos_encoding_mode="NONE",
-        use_fp16_qk_reduction=False,
-        logits_soft_cap=None,
-        sm_scale=None,
-        rope_scale=None,
-        rope_theta=None,
-        non_blocking=True,
-        q_data_type="float16",
+        self, block_mask_map, block_row_sz, block_col_sz, num_qo_heads, num_kv_heads, head_dim,
+        causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, logits_soft_cap=None,
+        sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, q_data_type="float16",
         kv_data_type=None,
-    ):
+    ):  # fmt: skip
         """Records kv head h's pattern: ``block_mask_map[h]`` (bool ``(MB, NB)``) over row
         blocks of ``block_row_sz[h]`` queries and column blocks of ``block_col_sz[h]``
         keys; the settings are those of :func:`single_prefill_with_kv_cache`."""
