@@ -161,11 +161,18 @@ def _single_prefill_init(
     return {"q": q, "k": k, "v": v, "causal": True}
 
 
-def _random_paged_cache(num_pages, page_size, num_kv_heads, head_dim, gen, device):
-    shape = (num_pages, page_size, num_kv_heads, head_dim)
+def _random_paged_batch(q_rows, batch_size, pages_per_request, heads, page_size, device, seed):
+    """(page table, q, (k_cache, v_cache)): ``pages_per_request`` full pages per request,
+    bfloat16 q ``[q_rows, ...]`` and cache; heads is (num_qo_heads, num_kv_heads,
+    head_dim)."""
+    num_qo_heads, num_kv_heads, head_dim = heads
+    gen = torch.Generator(device=device).manual_seed(seed)
+    table = page_table(batch_size, pages_per_request, page_size, device)
+    shape = (batch_size * pages_per_request, page_size, num_kv_heads, head_dim)
     k = torch.randn(*shape, generator=gen, device=device).bfloat16()
     v = torch.randn(*shape, generator=gen, device=device).bfloat16()
-    return k, v
+    q = torch.randn(q_rows, num_qo_heads, head_dim, generator=gen, device=device).bfloat16()
+    return table, q, (k, v)
 
 
 def _gqa_paged_decode_init(
@@ -186,12 +193,10 @@ def _gqa_paged_decode_init(
     ``pages_per_request`` full pages per request (num_pages, len_indptr and
     num_kv_indices follow from it and are ignored)."""
     device = default_device(device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    indptr, indices, last = page_table(batch_size, pages_per_request, page_size, device)
-    k, v = _random_paged_cache(
-        batch_size * pages_per_request, page_size, num_kv_heads, head_dim, gen, device
+    heads = (num_qo_heads, num_kv_heads, head_dim)
+    (indptr, indices, last), q, cache = _random_paged_batch(
+        batch_size, batch_size, pages_per_request, heads, page_size, device, seed
     )
-    q = torch.randn(batch_size, num_qo_heads, head_dim, generator=gen, device=device).bfloat16()
     plan = {
         "indptr": indptr,
         "indices": indices,
@@ -203,7 +208,7 @@ def _gqa_paged_decode_init(
         "q_data_type": torch.bfloat16,
         "kv_data_type": torch.bfloat16,
     }
-    return {"plan": plan, "run": {"q": q, "paged_kv_cache": (k, v)}}
+    return {"plan": plan, "run": {"q": q, "paged_kv_cache": cache}}
 
 
 def _gqa_paged_prefill_init(
@@ -224,12 +229,10 @@ def _gqa_paged_prefill_init(
     """``{"plan": ..., "run": ...}`` arguments of BatchPrefillWithPagedKVCacheWrapper:
     ``total_q`` query rows split evenly over ``batch_size`` causal requests."""
     device = default_device(device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    indptr, indices, last = page_table(batch_size, pages_per_request, page_size, device)
-    k, v = _random_paged_cache(
-        batch_size * pages_per_request, page_size, num_kv_heads, head_dim, gen, device
+    heads = (num_qo_heads, num_kv_heads, head_dim)
+    (indptr, indices, last), q, cache = _random_paged_batch(
+        total_q, batch_size, pages_per_request, heads, page_size, device, seed
     )
-    q = torch.randn(total_q, num_qo_heads, head_dim, generator=gen, device=device).bfloat16()
     plan = {
         "qo_indptr": split_evenly(total_q, batch_size, device),
         "paged_kv_indptr": indptr,
@@ -244,7 +247,7 @@ def _gqa_paged_prefill_init(
         "q_data_type": torch.bfloat16,
         "kv_data_type": torch.bfloat16,
     }
-    return {"plan": plan, "run": {"q": q, "paged_kv_cache": (k, v)}}
+    return {"plan": plan, "run": {"q": q, "paged_kv_cache": cache}}
 
 
 def _gqa_ragged_init(
@@ -281,8 +284,8 @@ def _gqa_ragged_init(
     return {"plan": plan, "run": {"q": q, "k": k, "v": v}}
 
 
-_gqa_paged_decode_init._trace_init_dependencies = (_random_paged_cache,)
-_gqa_paged_prefill_init._trace_init_dependencies = (_random_paged_cache,)
+_gqa_paged_decode_init._trace_init_dependencies = (_random_paged_batch,)
+_gqa_paged_prefill_init._trace_init_dependencies = (_random_paged_batch,)
 
 
 # ------------------------------------------------------------------------- templates
@@ -317,13 +320,26 @@ def _run_scalars():
     }
 
 
-def _lse_output(rows):
-    return Tensor(
+def _batch_outputs(rows, description=""):
+    """A batch run()'s output ``[rows, heads, head_dim]`` in q's dtype and its optional
+    base-2 lse ``[rows, heads]``."""
+    lse = Tensor(
         [rows, "num_qo_heads"],
         optional=True,
         dtype="float32",
         description="Base-2 log-sum-exp of the scaled attention logits.",
     )
+    output = Tensor([rows, "num_qo_heads", "head_dim"], dtype_from="q", description=description)
+    return {"output": output, "lse": lse}
+
+
+def _qkv_inputs(q_rows, kv_rows):
+    """q ``[q_rows, heads, head_dim]`` and k, v ``[kv_rows, kv heads, head_dim]`` (NHD)."""
+    return {
+        "q": Tensor([q_rows, "num_qo_heads", "head_dim"]),
+        "k": Tensor([kv_rows, "num_kv_heads", "head_dim"]),
+        "v": Tensor([kv_rows, "num_kv_heads", "head_dim"]),
+    }
 
 
 single_decode_with_kv_cache_trace = TraceTemplate(
@@ -365,11 +381,7 @@ single_prefill_with_kv_cache_trace = TraceTemplate(
         "qo_len": Var(description="Number of query tokens."),
         "kv_len": Var(description="Number of K/V tokens."),
     },
-    inputs={
-        "q": Tensor(["qo_len", "num_qo_heads", "head_dim"]),
-        "k": Tensor(["kv_len", "num_kv_heads", "head_dim"]),
-        "v": Tensor(["kv_len", "num_kv_heads", "head_dim"]),
-    },
+    inputs=_qkv_inputs("qo_len", "kv_len"),
     outputs={"output": Tensor(["qo_len", "num_qo_heads", "head_dim"], dtype_from="q")},
     tags=["status:verified", "stage:prefill"],
     reference=_single_prefill_reference,
@@ -400,10 +412,7 @@ gqa_paged_decode_trace = TraceTemplate(
         "kv_indices": _planned(["num_kv_indices"], "Page ids of the KV cache"),
         **_run_scalars(),
     },
-    outputs={
-        "output": Tensor(["batch_size", "num_qo_heads", "head_dim"], dtype_from="q"),
-        "lse": _lse_output("batch_size"),
-    },
+    outputs=_batch_outputs("batch_size"),
     constraints=["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"],
     tags=["stage:decode", "status:verified"],
     reference=_gqa_paged_decode_reference,
@@ -503,10 +512,7 @@ gqa_paged_prefill_trace = TraceTemplate(
         "kv_indices": _planned(["num_kv_indices"], "Page ids of the KV cache"),
         **_run_scalars(),
     },
-    outputs={
-        "output": Tensor(["total_q", "num_qo_heads", "head_dim"], dtype_from="q"),
-        "lse": _lse_output("total_q"),
-    },
+    outputs=_batch_outputs("total_q"),
     constraints=["total_q == qo_indptr[-1].item()", "num_kv_indices == kv_indptr[-1].item()"],
     tags=["stage:prefill", "status:verified"],
     reference=_gqa_paged_prefill_reference,
@@ -528,21 +534,12 @@ gqa_ragged_prefill_trace = TraceTemplate(
         "total_kv": Var(description="Number of K/V tokens of all requests."),
     },
     inputs={
-        "q": Tensor(["total_q", "num_qo_heads", "head_dim"]),
-        "k": Tensor(["total_kv", "num_kv_heads", "head_dim"]),
-        "v": Tensor(["total_kv", "num_kv_heads", "head_dim"]),
+        **_qkv_inputs("total_q", "total_kv"),
         "qo_indptr": _planned(["len_indptr"], "Offsets of each request's query rows"),
         "kv_indptr": _planned(["len_indptr"], "Offsets of each request's K/V rows"),
         **_run_scalars(),
     },
-    outputs={
-        "output": Tensor(
-            ["total_q", "num_qo_heads", "head_dim"],
-            dtype_from="q",
-            description="Attention output.",
-        ),
-        "lse": _lse_output("total_q"),
-    },
+    outputs=_batch_outputs("total_q", "Attention output."),
     constraints=["total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"],
     tags=["stage:prefill", "status:verified"],
     reference=_gqa_ragged_prefill_reference,
