@@ -22,6 +22,8 @@ FI_VENV ?= .venv-flashinfer
 FI_PY := $(FI_VENV)/bin/python
 FI_PIP := $(FI_PY) -m pip --disable-pip-version-check -q
 FI_VERSION := 0.7.2.post1
+# flashinfer-bench, whose loader reads what `dumps --export-bench` writes (docs/replay.md).
+FI_BENCH_VERSION := 0.1.2
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
 	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
 
@@ -56,12 +58,18 @@ $(FI_VENV)/.deps:
 	$(FI_PIP) install torch==2.13.0 flashinfer-python==$(FI_VERSION) pytest safetensors
 	touch $@
 
+# flashinfer-bench, pinned, beside the venv's torch (a stamp of its own, so that an
+# existing .venv-flashinfer gets it without being made again).
+$(FI_VENV)/.bench: $(FI_VENV)/.deps
+	$(FI_PIP) install torch==2.13.0 flashinfer-bench==$(FI_BENCH_VERSION)
+	touch $@
+
 $(FI_VENV)/.native: $(FI_VENV)/.deps $(NATIVE_SOURCES)
 	FLASHINFER_NO_CUDA=1 $(FI_PIP) install --force-reinstall --no-deps ./native
 	touch $@
 
 # Tests of the core serving the real FlashInfer; the mirror's venv replays its dumps.
-test-flashinfer: build $(FI_VENV)/.native
+test-flashinfer: build $(FI_VENV)/.native $(FI_VENV)/.bench
 	cd tests/flashinfer_real && MIRROR_PYTHON=$(abspath $(VPY)) \
 		$(abspath $(FI_VENV))/bin/pytest -q -p no:cacheprovider . $(PYTEST_ARGS)
 

@@ -199,6 +199,16 @@ def _report_entry(index, result, status):
 @_allow_jit_args_option
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
 @click.option(
+    "--against",
+    type=click.Choice(["recording", "reference"]),
+    default="recording",
+    show_default=True,
+    help="recording: run each call again and compare with its recorded outputs. "
+    "reference: run no kernel; check each recorded call of a traced API against its "
+    "trace template's reference, on --device (default cpu), by the template's check "
+    "(--rtol/--atol, when given, are passed to it).",
+)
+@click.option(
     "--per-rank",
     is_flag=True,
     help="Under torchrun: each rank replays the calls recorded by the process of its rank "
@@ -215,6 +225,7 @@ def replay(
     allow_modules,
     allow_jit_args,
     verbose,
+    against,
     per_rank,
 ):
     """Replay recorded API calls and compare them with their recorded outputs.
@@ -225,6 +236,8 @@ def replay(
     Exit status: 0 when every call passed, 1 when any call failed, mismatched, was
     refused or incomplete (or none was found), 2 for bad arguments or a missing
     directory. With --per-rank every rank exits 1 when any rank had a failure.
+    With --against reference: 0 when no call mismatched or failed to load (calls
+    without a reference are listed, not failed), 1 otherwise.
     """
     single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
     if single:
@@ -235,6 +248,24 @@ def replay(
         entries = [(dump_dir, records)]
     else:
         entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
+    if against == "reference" and per_rank:
+        raise click.UsageError("--per-rank replays calls; --against reference runs no kernel")
+    if against == "reference":
+        from .reference_cli import replay_against_reference
+
+        source = click.get_current_context().get_parameter_source
+        given = {n: v for n, v in (("rtol", rtol), ("atol", atol)) if source(n).name != "DEFAULT"}
+        status = replay_against_reference(
+            dump_dir,
+            entries,
+            single,
+            device,
+            given,
+            json_path,
+            verbose,
+            (allow_modules, allow_jit_args),
+        )
+        sys.exit(status)
     if per_rank:
         _replay_per_rank(
             dump_dir,
@@ -378,18 +409,55 @@ def _write_json(path, data):
 @click.option(
     "--dir",
     "dump_dir",
-    required=True,
+    default=None,
     type=click.Path(exists=True, file_okay=False, dir_okay=True),
     help="Dump root (FLASHINFER_DUMP_DIR) holding session.jsonl.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def dumps(dump_dir, as_json):
+@click.option(
+    "--coverage",
+    is_flag=True,
+    help="Per recorded API: its call count and how it can be checked here (mirror kernel, "
+    "reference, property, or none and why).",
+)
+@click.option(
+    "--export-bench",
+    "export_bench",
+    nargs=2,
+    type=click.Path(),
+    metavar="D OUT",
+    default=None,
+    help="Write each completed call of a traced API under dump root D as a flashinfer-bench "
+    "workload (definition JSON, workload JSONL, safetensors inputs) into the new folder OUT.",
+)
+@click.option(
+    "--allow-module",
+    "allow_modules",
+    metavar="PATTERN",
+    multiple=True,
+    callback=_allow_module_option,
+    help="With --coverage or --export-bench: also resolve @flashinfer_api functions of "
+    "modules matching PATTERN (as replay's option).",
+)
+def dumps(dump_dir, as_json, coverage, export_bench, allow_modules):
     """Summarise a recorded session: calls per API, completed, exception and crashed calls,
     and the flight recorder's triggers (the triggering call is marked).
+
+    --coverage lists how each recorded API can be checked here; --export-bench D OUT
+    writes the calls as flashinfer-bench workloads (no --dir needed).
 
     Exit status: 0 when the session was read, 1 when it cannot be read (a one-line error
     says why), 2 for bad arguments or a missing directory.
     """
+    if export_bench is not None or coverage:
+        from .reference_cli import dumps_coverage, dumps_export_bench
+
+        if export_bench is not None:
+            dumps_export_bench(export_bench[0], export_bench[1], allow_modules)
+        else:
+            dumps_coverage(_needs_dir(dump_dir), as_json, allow_modules)
+        return
+    dump_dir = _needs_dir(dump_dir)
     try:
         s = dumpdir.summarize_session(dump_dir)
     except (OSError, ValueError) as exc:
@@ -441,6 +509,12 @@ def dumps(dump_dir, as_json):
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
             _say(f"  {name}{mark(name)}")
+
+
+def _needs_dir(dump_dir):
+    if dump_dir is None:
+        raise click.UsageError("Missing option '--dir'.")
+    return dump_dir
 
 
 def _tolerances(command):

@@ -36,6 +36,7 @@ __all__ = [
     "locate_enum",
     "module_allowed",
     "register",
+    "registered_api",
     "resolve_call",
     "resolve_enum",
     "verified_method",
@@ -192,6 +193,16 @@ def _wrapped_chain(obj):
             return
         yield obj
         obj = getattr(obj, "__wrapped__", None)
+
+
+def registered_api(obj, patterns):
+    """The registered ``@flashinfer_api`` object of an allowed module that ``obj`` is or
+    wraps (through ``__wrapped__``), or None. Its ``__module__`` and ``__qualname__`` are
+    the API's registered name."""
+    for o in _wrapped_chain(obj):
+        if _is_registered(o) and module_allowed(o.__module__, patterns):
+            return o
+    return None
 
 
 def _registered_in_chain(obj, patterns):

@@ -310,7 +310,8 @@ def replay_from_dump(
     -------
     dict
         ``args``, ``kwargs``, ``metadata`` (the last record); with ``compare_outputs``
-        ``expected_tensors``, ``expected_metadata``; with ``run`` ``execution_result``
+        ``expected_tensors``, ``expected_metadata`` and ``expected_result`` (the
+        recorded return value, decoded); with ``run`` ``execution_result``
         (and ``comparison_match``, ``mismatches``) or ``execution_error``. A dump whose
         process died during the call (status ``inputs_saved``) gets ``incomplete: True``
         and no comparison.
@@ -349,6 +350,7 @@ def replay_from_dump(
             expected = _expected_result(
                 expected_metadata, _Builder(out_tensors, device, where, patterns), where
             )
+            result["expected_result"] = expected
         if not run:
             return result
         if object_registry is None:
@@ -407,12 +409,23 @@ def replay_entry(
     atol=1e-3,
     allow_modules=None,
     allow_jit_args=False,
+    against="recording",
+    thresholds=None,
 ):
     """Replay one dump of a sequence; never raises (failures become ``{"error"}``).
 
     ``objects`` is the object registry shared by the sequence; ``allow_modules`` and
-    ``allow_jit_args`` as in :func:`replay_from_dump`.
+    ``allow_jit_args`` as in :func:`replay_from_dump`. ``against="reference"`` checks the
+    call against its trace template's reference instead
+    (``flashinfer_native.reference.check_entry``, with ``thresholds`` for the template's
+    check).
     """
+    if against == "reference":
+        from .reference import check_entry
+
+        return check_entry(
+            path, records, objects, device, thresholds, allow_modules, allow_jit_args
+        )
     last = records[-1] if records else {}
     incomplete = last.get("execution_status") == "inputs_saved"
     try:
@@ -440,12 +453,13 @@ def replay_entry(
 def replay_sequence(
     root_dir,
     device=None,
-    rtol=1e-3,
-    atol=1e-3,
+    rtol=None,
+    atol=None,
     include=None,
     exclude=None,
     allow_modules=None,
     allow_jit_args=False,
+    against="recording",
 ):
     """Replay every dump under ``root_dir`` in call order with one object registry.
 
@@ -454,9 +468,11 @@ def replay_sequence(
     root_dir : str or os.PathLike
         A dump root (``FLASHINFER_DUMP_DIR``).
     device : str or torch.device, optional
-        As in :func:`replay_from_dump`.
-    rtol, atol : float
-        Tolerances of the tensor comparison.
+        As in :func:`replay_from_dump`; with ``against="reference"``, None means the CPU.
+    rtol, atol : float, optional
+        Tolerances of the tensor comparison (1e-3 when None). With
+        ``against="reference"`` the template's check judges, and given values are
+        passed to it.
     include, exclude : str or list of str, optional
         fnmatch patterns (a string is split on ``,``) on the API name: include first,
         then exclude.
@@ -465,6 +481,11 @@ def replay_sequence(
         (see :func:`replay_from_dump`).
     allow_jit_args : bool
         As in :func:`replay_from_dump`.
+    against : {"recording", "reference"}
+        ``"recording"`` runs each call again and compares with its recorded outputs;
+        ``"reference"`` runs no kernel: each recorded call of a traced API is checked
+        against its trace template's reference (docs/replay.md); the result's
+        ``reference`` holds the outcome (``match``, ``mismatch``, ``no_reference``).
 
     Returns
     -------
@@ -480,11 +501,26 @@ def replay_sequence(
     ImportError
         A module named by ``allow_modules`` cannot be imported.
     """
-    device = _resolve_device(device)
+    if against not in ("recording", "reference"):
+        raise ValueError(f"against={against!r}: expected 'recording' or 'reference'")
+    thresholds = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
+    rtol, atol = (1e-3 if rtol is None else rtol), (1e-3 if atol is None else atol)
+    device = _resolve_device("cpu" if device is None and against == "reference" else device)
     registry.import_allowed(allow_modules)
     objects = {}
     return [
-        replay_entry(path, records, objects, device, rtol, atol, allow_modules, allow_jit_args)
+        replay_entry(
+            path,
+            records,
+            objects,
+            device,
+            rtol,
+            atol,
+            allow_modules,
+            allow_jit_args,
+            against,
+            thresholds,
+        )
         for path, records in ordered_dumps(root_dir, include, exclude)
     ]
 

@@ -269,7 +269,21 @@ def test_fi_init_is_there_where_the_template_has_an_init():
     assert hasattr(flashinfer.mm_fp4, "fi_init")
     assert hasattr(BatchDecodeWithPagedKVCacheWrapper.run, "fi_init")
     assert not hasattr(BatchDecodeWithPagedKVCacheWrapper.plan, "fi_init")
-    assert not hasattr(flashinfer.prepare_low_latency_gemm_weights, "fi_trace")
+    assert not hasattr(flashinfer.BatchPrefillWithPagedKVCacheWrapper.plan, "fi_trace")
+
+
+def test_prepare_low_latency_gemm_weights_is_traced_with_a_reference():
+    # A superset of FlashInfer, which does not trace it: replay --against reference
+    # checks every mirror API that returns something (docs/replay.md).
+    w = torch.randn(8, 256).to(torch.float8_e4m3fn)
+    d = flashinfer.prepare_low_latency_gemm_weights.fi_trace(w=w)
+    assert d["name"] == "prepare_low_latency_gemm_weights_k256"
+    assert (
+        d["tags"][0] == "fi_api:flashinfer.trtllm_low_latency_gemm.prepare_low_latency_gemm_weights"
+    )
+    template = flashinfer.trace.attach.API_TEMPLATES["prepare_low_latency_gemm_weights"][0]
+    expected = flashinfer.prepare_low_latency_gemm_weights(w)
+    assert torch.equal(template.reference(w).view(torch.uint8), expected.view(torch.uint8))
 
 
 # ------------------------------------------------------- decorator, levels, auto-dump
@@ -552,24 +566,25 @@ def test_reference_of_mm_fp4_matches_the_kernel():
 
 
 @pytest.mark.parametrize("sf_vec_size, ue8m0", [(16, False), (32, True)])
-def test_reference_of_fp4_quantize_is_bit_exact(sf_vec_size, ue8m0):
+@pytest.mark.parametrize("swizzled, eight_by_four", [(False, False), (True, False), (True, True)])
+def test_reference_of_fp4_quantize_is_bit_exact(sf_vec_size, ue8m0, swizzled, eight_by_four):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(6, 64, generator=g) * 7
     x[2, :32] = 0
     gsf = torch.tensor([3.5])
     ref = snippet(flashinfer.fp4_quantize, "reference", input=x)
-    want = ref(x, gsf, sf_vec_size, ue8m0)
-    got = flashinfer.fp4_quantize(
-        x, gsf, sf_vec_size, sf_use_ue8m0=ue8m0, is_sf_swizzled_layout=False
-    )
-    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1].reshape(want[1].shape))
+    layout = dict(is_sf_swizzled_layout=swizzled, is_sf_8x4_layout=eight_by_four)
+    want = ref(x, gsf, sf_vec_size, ue8m0, **layout)
+    got = flashinfer.fp4_quantize(x, gsf, sf_vec_size, sf_use_ue8m0=ue8m0, **layout)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 
-def test_reference_of_nvfp4_quantize_is_bit_exact():
-    args = flashinfer.nvfp4_quantize.fi_init(M=3, K=48, device="cpu")
+@pytest.mark.parametrize("layout", list(flashinfer.SfLayout))
+def test_reference_of_nvfp4_quantize_is_bit_exact(layout):
+    args = flashinfer.nvfp4_quantize.fi_init(M=130, K=48, device="cpu")
     ref = snippet(flashinfer.nvfp4_quantize, "reference", **args)
-    got = flashinfer.nvfp4_quantize(**args, sfLayout=flashinfer.SfLayout.layout_linear)
-    want = ref(**args)
+    got = flashinfer.nvfp4_quantize(**args, sfLayout=layout)
+    want = ref(**args, sfLayout=layout)
     assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 

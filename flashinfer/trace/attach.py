@@ -27,7 +27,12 @@ from .templates.attention import (
     single_decode_with_kv_cache_trace,
     single_prefill_with_kv_cache_trace,
 )
-from .templates.gemm import bmm_fp8_trace, mm_fp4_trace, mm_fp8_trace
+from .templates.gemm import (
+    bmm_fp8_trace,
+    mm_fp4_trace,
+    mm_fp8_trace,
+    prepare_low_latency_gemm_weights_trace,
+)
 from .templates.quantize import fp4_quantize_trace, nvfp4_quantize_trace
 
 __all__ = ["API_TEMPLATES", "TRACE_REGISTRY", "attach_trace"]
@@ -62,6 +67,10 @@ API_TEMPLATES = {
     "bmm_fp8": (bmm_fp8_trace, "flashinfer.gemm.gemm_base.bmm_fp8"),
     "mm_fp8": (mm_fp8_trace, "flashinfer.gemm.gemm_base.mm_fp8"),
     "mm_fp4": (mm_fp4_trace, "flashinfer.gemm.gemm_base.mm_fp4"),
+    "prepare_low_latency_gemm_weights": (
+        prepare_low_latency_gemm_weights_trace,
+        "flashinfer.trtllm_low_latency_gemm.prepare_low_latency_gemm_weights",
+    ),
     "fp4_quantize": (
         fp4_quantize_trace,
         "flashinfer.quantization.fp4_quantization.fp4_quantize",

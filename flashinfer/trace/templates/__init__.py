@@ -2,7 +2,7 @@
 
 - ``attention``: single decode/prefill, paged decode (plan and run), paged and ragged
   prefill (run);
-- ``gemm``: ``bmm_fp8``, ``mm_fp8``, ``mm_fp4``;
+- ``gemm``: ``bmm_fp8``, ``mm_fp8``, ``mm_fp4``, ``prepare_low_latency_gemm_weights``;
 - ``quantize``: ``fp4_quantize``, ``nvfp4_quantize``;
 - ``_init_helpers``: input builders the ``init`` functions share (embedded with them).
 

@@ -62,37 +62,85 @@ def _softmax_attention(q, k, v, sm_scale, causal):
     return torch.einsum("hqk,khd->qhd", weights, values), lse.transpose(0, 1)
 
 
+def _plain_attention_only(pos_encoding_mode="NONE", logits_soft_cap=None, window_left=-1):
+    """The references compute plain softmax attention: other variants raise."""
+    mode = getattr(pos_encoding_mode, "name", pos_encoding_mode)
+    windowed = window_left is not None and window_left >= 0
+    if mode not in ("NONE", 0, None) or logits_soft_cap or windowed:
+        raise NotImplementedError(
+            f"pos_encoding_mode={mode!r}, logits_soft_cap={logits_soft_cap!r}, "
+            f"window_left={window_left!r}: the reference computes plain attention only"
+        )
+
+
 @torch.no_grad()
-def _gather_pages(cache, kv_indptr, kv_indices, b):
-    """Request b's tokens from a [num_pages, page_size, H, D] cache, pages in order."""
+def _gather_pages(cache, kv_indptr, kv_indices, b, kv_last_page_len=None):
+    """Request b's tokens from a [num_pages, page_size, H, D] cache, pages in order; its
+    last page holds kv_last_page_len[b] tokens (every page full without it)."""
     pages = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
-    return cache[pages].reshape(-1, cache.shape[2], cache.shape[3])
+    tokens = cache[pages].reshape(-1, cache.shape[2], cache.shape[3])
+    if kv_last_page_len is None or pages.numel() == 0:
+        return tokens
+    return tokens[: (pages.numel() - 1) * cache.shape[1] + int(kv_last_page_len[b])]
 
 
 @torch.no_grad()
-def _single_decode_reference(q, k, v, sm_scale=None, **_unused):
+def _single_decode_reference(
+    q,
+    k,
+    v,
+    sm_scale=None,
+    pos_encoding_mode="NONE",
+    logits_soft_cap=None,
+    window_left=-1,
+    **_unused,
+):
     """Decode of one request: q [Hq, D] against k, v [kv_len, Hkv, D] (NHD)."""
+    _plain_attention_only(pos_encoding_mode, logits_soft_cap, window_left)
     out, _ = _softmax_attention(q.unsqueeze(0), k, v, sm_scale, causal=False)
     return out[0].to(q.dtype)
 
 
 @torch.no_grad()
-def _single_prefill_reference(q, k, v, sm_scale=None, causal=False, **_unused):
+def _single_prefill_reference(
+    q,
+    k,
+    v,
+    sm_scale=None,
+    causal=False,
+    pos_encoding_mode="NONE",
+    logits_soft_cap=None,
+    window_left=-1,
+    **_unused,
+):
     """Prefill of one request: q [qo_len, Hq, D] against k, v [kv_len, Hkv, D] (NHD)."""
+    _plain_attention_only(pos_encoding_mode, logits_soft_cap, window_left)
     out, _ = _softmax_attention(q, k, v, sm_scale, causal=bool(causal))
     return out.to(q.dtype)
 
 
 @torch.no_grad()
 def _gqa_paged_decode_reference(
-    q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, **_unused
+    q,
+    k_cache,
+    v_cache,
+    kv_indptr,
+    kv_indices,
+    sm_scale=None,
+    kv_last_page_len=None,
+    pos_encoding_mode="NONE",
+    logits_soft_cap=None,
+    window_left=-1,
+    **_unused,
 ):
     """Batched paged decode: row b of q attends to the pages kv_indices[kv_indptr[b]:
-    kv_indptr[b+1]] (every page full). Returns (output, lse)."""
+    kv_indptr[b+1]], the last one holding kv_last_page_len[b] tokens. Returns
+    (output, lse)."""
+    _plain_attention_only(pos_encoding_mode, logits_soft_cap, window_left)
     outs, lses = [], []
     for b in range(q.shape[0]):
-        k = _gather_pages(k_cache, kv_indptr, kv_indices, b)
-        v = _gather_pages(v_cache, kv_indptr, kv_indices, b)
+        k = _gather_pages(k_cache, kv_indptr, kv_indices, b, kv_last_page_len)
+        v = _gather_pages(v_cache, kv_indptr, kv_indices, b, kv_last_page_len)
         out, lse = _softmax_attention(q[b : b + 1], k, v, sm_scale, causal=False)
         outs.append(out)
         lses.append(lse)
@@ -101,37 +149,63 @@ def _gqa_paged_decode_reference(
 
 @torch.no_grad()
 def _gqa_paged_prefill_reference(
-    q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale=None, **_unused
+    q,
+    k_cache,
+    v_cache,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    sm_scale=None,
+    kv_last_page_len=None,
+    causal=True,
+    pos_encoding_mode="NONE",
+    logits_soft_cap=None,
+    window_left=-1,
+    **_unused,
 ):
-    """Batched causal prefill over a paged cache; request b owns q rows
-    qo_indptr[b]:qo_indptr[b+1]. Returns (output, lse)."""
+    """Batched prefill (causal unless causal=False) over a paged cache; request b owns q
+    rows qo_indptr[b]:qo_indptr[b+1]. Returns (output, lse)."""
+    _plain_attention_only(pos_encoding_mode, logits_soft_cap, window_left)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(qo_indptr.shape[0] - 1):
         rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
-        k = _gather_pages(k_cache, kv_indptr, kv_indices, b)
-        v = _gather_pages(v_cache, kv_indptr, kv_indices, b)
-        out[rows], lse[rows] = _softmax_attention(q[rows], k, v, sm_scale, causal=True)
+        k = _gather_pages(k_cache, kv_indptr, kv_indices, b, kv_last_page_len)
+        v = _gather_pages(v_cache, kv_indptr, kv_indices, b, kv_last_page_len)
+        out[rows], lse[rows] = _softmax_attention(q[rows], k, v, sm_scale, bool(causal))
     return out.to(q.dtype), lse
 
 
 @torch.no_grad()
-def _gqa_ragged_prefill_reference(q, k, v, qo_indptr, kv_indptr, sm_scale=None, **_unused):
-    """Batched causal prefill over contiguous K/V; request b owns q rows
-    qo_indptr[b]:qo_indptr[b+1] and K/V rows kv_indptr[b]:kv_indptr[b+1]."""
+def _gqa_ragged_prefill_reference(
+    q,
+    k,
+    v,
+    qo_indptr,
+    kv_indptr,
+    sm_scale=None,
+    causal=True,
+    pos_encoding_mode="NONE",
+    logits_soft_cap=None,
+    window_left=-1,
+    **_unused,
+):
+    """Batched prefill (causal unless causal=False) over contiguous K/V; request b owns
+    q rows qo_indptr[b]:qo_indptr[b+1] and K/V rows kv_indptr[b]:kv_indptr[b+1]."""
+    _plain_attention_only(pos_encoding_mode, logits_soft_cap, window_left)
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(qo_indptr.shape[0] - 1):
         rows = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
         kv = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
-        out[rows], lse[rows] = _softmax_attention(q[rows], k[kv], v[kv], sm_scale, causal=True)
+        out[rows], lse[rows] = _softmax_attention(q[rows], k[kv], v[kv], sm_scale, bool(causal))
     return out.to(q.dtype), lse
 
 
 for _ref in (_single_decode_reference, _single_prefill_reference, _gqa_ragged_prefill_reference):
-    _ref._trace_reference_dependencies = (_softmax_attention,)
+    _ref._trace_reference_dependencies = (_softmax_attention, _plain_attention_only)
 for _ref in (_gqa_paged_decode_reference, _gqa_paged_prefill_reference):
-    _ref._trace_reference_dependencies = (_softmax_attention, _gather_pages)
+    _ref._trace_reference_dependencies = (_softmax_attention, _plain_attention_only, _gather_pages)
 
 
 # ----------------------------------------------------------------------------- inits

@@ -1,4 +1,5 @@
-"""Trace templates of the quantized GEMMs: ``bmm_fp8``, ``mm_fp8`` and ``mm_fp4``.
+"""Trace templates of the quantized GEMMs: ``bmm_fp8``, ``mm_fp8`` and ``mm_fp4``, and of
+``prepare_low_latency_gemm_weights`` (the weight layout ``mm_fp8`` takes).
 
 The references dequantize and multiply in float32; the checks compare by cosine
 similarity (0.99 for FP8, 0.97 for FP4) since quantized GEMMs legitimately differ
@@ -69,6 +70,14 @@ def _bmm_fp8_reference(A, B, A_scale, B_scale, dtype=torch.bfloat16, **_unused):
 
 
 @torch.no_grad()
+def _low_latency_weights_reference(w, **_unused):
+    """[n, k] -> [k / 128, n, 128]: block i holds columns 128 i .. 128 i + 127 of every
+    row, rows in order."""
+    n, k = w.shape
+    return w.reshape(n, k // 128, 128).transpose(0, 1).contiguous()
+
+
+@torch.no_grad()
 def _mm_fp8_reference(A, B, alpha=None, **_unused):
     """alpha * A @ W.T where B = prepare_low_latency_gemm_weights(W): B[kb, n, j] is
     W[n, kb * block_size + j]. bf16 output."""
@@ -81,37 +90,46 @@ def _mm_fp8_reference(A, B, alpha=None, **_unused):
 
 
 @torch.no_grad()
-def _scale_grid(sf, rows, blocks, ue8m0=False):
-    """[rows, blocks] float scales from scale bytes in the linear or the 128x4 layout.
+def _scale_grid(sf, rows, blocks, ue8m0=False, tile=128):
+    """[rows, blocks] float scales from scale bytes in the linear or a swizzled layout.
 
-    128x4: scale (r, c) is byte ((r//128) * Kp/4 + c//4) * 512 + (r%32) * 16 +
-    ((r%128)//32) * 4 + c%4 with Kp = blocks rounded up to 4."""
+    Linear only when the bytes number exactly rows x blocks and the 128x4 layout would
+    need another count (mm_fp4's rule); swizzled: scale (r, c) is byte
+    ((r//T) * Kp/4 + c//4) * 4T + inner, Kp = blocks rounded up to 4, with T = 128 and
+    inner = (r%32)*16 + ((r%128)//32)*4 + c%4, or T = 8 and inner = (r%8)*4 + c%4."""
     flat = sf.contiguous().reshape(-1)
     if flat.dtype != torch.uint8:
         flat = flat.view(torch.uint8)
-    if flat.numel() == rows * blocks:
+    kp4 = (blocks + 3) // 4
+    padded = (rows + 127) // 128 * 128 * kp4 * 4
+    if flat.numel() == rows * blocks and padded != rows * blocks:
         grid = flat.reshape(rows, blocks)
     else:
         r = torch.arange(rows, device=sf.device)[:, None]
         c = torch.arange(blocks, device=sf.device)[None, :]
-        kp4 = (blocks + 3) // 4
-        at = ((r // 128) * kp4 + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
-        grid = flat[at]
+        if tile == 128:
+            inner = (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+        else:
+            inner = (r % 8) * 4 + c % 4
+        grid = flat[((r // tile) * kp4 + c // 4) * (4 * tile) + inner]
     if ue8m0:
         return torch.ldexp(torch.ones(grid.shape, device=sf.device), grid.int() - 127)
     return grid.view(torch.float8_e4m3fn).float()
 
 
 @torch.no_grad()
-def _mm_fp4_reference(A, B, a_descale, b_descale, block_size=16, alpha=None, **_unused):
+def _mm_fp4_reference(
+    A, B, a_descale, b_descale, block_size=16, alpha=None, use_8x4_sf_layout=False, **_unused
+):
     """alpha * dequant(A) @ dequant(W).T for packed A [M, K/2] and B = W.T, W [N, K/2],
-    with E4M3 block scales (UE8M0 when block_size is 32) in the linear or 128x4 layout;
+    with E4M3 block scales (UE8M0 when block_size is 32) in the 128x4 layout (A's in
+    8x4 with use_8x4_sf_layout) or, when their sizes can only mean it, linear;
     b_descale is the .T of W's scales. bf16 output."""
     a = _e2m1_decode(A)
     w = _e2m1_decode(B.T)
     blocks = a.shape[1] // block_size
     ue8m0 = block_size == 32
-    sa = _scale_grid(a_descale, a.shape[0], blocks, ue8m0)
+    sa = _scale_grid(a_descale, a.shape[0], blocks, ue8m0, 8 if use_8x4_sf_layout else 128)
     sw = _scale_grid(b_descale.T, w.shape[0], blocks, ue8m0)
     a = a * sa.repeat_interleave(block_size, dim=1)
     w = w * sw.repeat_interleave(block_size, dim=1)
@@ -154,6 +172,14 @@ def _mm_fp8_init(*, M, N=1536, K=7168, device=None, seed=0):
     w, w_scale = to_fp8_per_tensor(torch.randn(N, K, generator=gen, device=device))
     b = prepare_low_latency_gemm_weights(w)
     return {"a": a, "b": b, "alpha": (a_scale * w_scale).reshape(())}
+
+
+def _low_latency_weights_init(*, N, K=7168, device=None, seed=0):
+    """Arguments of ``prepare_low_latency_gemm_weights``: a per-tensor-scaled e4m3 weight."""
+    device = default_device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w, _ = to_fp8_per_tensor(torch.randn(N, K, generator=gen, device=device))
+    return {"w": w}
 
 
 def _mm_fp4_init(*, M, N=2048, K=7168, block_size=16, device=None, seed=0):
@@ -256,4 +282,29 @@ mm_fp4_trace = TraceTemplate(
     reference=_mm_fp4_reference,
     check=_fp4_gemm_check,
     init=_mm_fp4_init,
+)
+
+prepare_low_latency_gemm_weights_trace = TraceTemplate(
+    op_type="weight_layout",
+    name_prefix="prepare_low_latency_gemm_weights",
+    description=(
+        "The weight layout of mm_fp8's low-latency path: an [N, K] e4m3 weight cut into "
+        "K/128 column blocks, [K/128, N, 128]."
+    ),
+    axes={
+        "N": Var(description="Rows of the weight."),
+        "K": Const(abbrev="k", description="Columns of the weight, a multiple of 128."),
+        "K_div_block_size": Var(description="K / 128."),
+        "block_size": Var(description="128."),
+    },
+    inputs={"w": Tensor(["N", "K"], description="The weight, e4m3.")},
+    outputs={
+        "prepared": Tensor(
+            ["K_div_block_size", "N", "block_size"], dtype_from="w", description="mm_fp8's b."
+        )
+    },
+    constraints=["K_div_block_size * block_size == K", "block_size == 128"],
+    tags=["status:verified", "quantization:float8_e4m3fn"],
+    reference=_low_latency_weights_reference,
+    init=_low_latency_weights_init,
 )

@@ -3,7 +3,8 @@ and the E2M1 helpers their references (and ``mm_fp4``'s) are built from.
 
 Input [M, K] becomes packed codes [M, K/2] (two E2M1 values per byte, element 2j in the
 low nibble) and one scale byte per ``sf_vec_size`` elements. The references return the
-scales in the linear [M, K/sf_vec_size] layout; the APIs swizzle them by default.
+scales in the layout the call asks for (128x4 swizzled by default, 8x4 or linear), as
+the APIs do.
 """
 
 import torch
@@ -45,14 +46,49 @@ def _block_scale_bytes(value, ue8m0):
 
 
 @torch.no_grad()
+def _scale_layout(code, layout):
+    """Scale bytes [rows, blocks] arranged as the quantizers return them: linear
+    (layout 2) as is; 128x4 (0) and 8x4 (1) swizzled over rows padded to 128 (8) and
+    blocks padded to 4, byte (r, c) at ((r//R) * Bp/4 + c//4) * 4R + inner(r, c) with
+    inner = (r%32)*16 + ((r%128)//32)*4 + c%4 for 128x4, (r%8)*4 + c%4 for 8x4; shaped
+    (-1, blocks) when that divides, else (-1, padded blocks)."""
+    rows, blocks = code.shape
+    if layout == 2:
+        return code
+    tile = 128 if layout == 0 else 8
+    padded_rows, padded_blocks = -(-rows // tile) * tile, -(-blocks // 4) * 4
+    r = torch.arange(rows, device=code.device)[:, None]
+    c = torch.arange(blocks, device=code.device)[None, :]
+    tile_start = ((r // tile) * (padded_blocks // 4) + c // 4) * (4 * tile)
+    if tile == 128:
+        inner = (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    else:
+        inner = (r % 8) * 4 + c % 4
+    out = torch.zeros(padded_rows * padded_blocks, dtype=torch.uint8, device=code.device)
+    out[(tile_start + inner).reshape(-1)] = code.reshape(-1)
+    width = blocks if out.numel() % blocks == 0 else padded_blocks
+    return out.reshape(-1, width)
+
+
+@torch.no_grad()
 def _fp4_quantize_reference(
-    input, global_scale=None, sf_vec_size=16, sf_use_ue8m0=False, **_unused
+    input,
+    global_scale=None,
+    sf_vec_size=16,
+    sf_use_ue8m0=False,
+    is_sf_swizzled_layout=True,
+    is_sf_8x4_layout=False,
+    is_global_scale_inversed=False,
+    **_unused,
 ):
-    """Block-scaled FP4 quantization of input [..., K] (scales in the linear layout).
+    """Block-scaled FP4 quantization of input [..., K].
 
     Per block of ``sf_vec_size`` elements: scale = global_scale * amax(block) / 6 stored
     as one byte s, element code = e2m1(x * global_scale / s); a zero scale gives zero
-    codes. Returns (packed uint8 [..., K/2], scale bytes uint8 [..., K/sf_vec_size])."""
+    codes. Returns (packed uint8 [..., K/2], scale bytes uint8 in the requested layout:
+    128x4 swizzled by default, 8x4, or linear [rows, K/sf_vec_size])."""
+    if is_global_scale_inversed:
+        raise NotImplementedError("is_global_scale_inversed=True")
     rows = input.reshape(-1, input.shape[-1]).float()
     gsf = 1.0 if global_scale is None else global_scale.float().reshape(())
     blocks = rows.reshape(rows.shape[0], -1, int(sf_vec_size))
@@ -60,20 +96,44 @@ def _fp4_quantize_reference(
     factor = torch.where(scale == 0, 0.0, gsf / scale)
     codes = _e2m1_encode(blocks * factor[..., None]).reshape(rows.shape)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    lead = input.shape[:-1]
-    return packed.reshape(*lead, -1), code.reshape(*lead, -1)
+    layout = 2 if not is_sf_swizzled_layout else (1 if is_sf_8x4_layout else 0)
+    return packed.reshape(*input.shape[:-1], -1), _scale_layout(code, layout)
 
 
 @torch.no_grad()
-def _nvfp4_quantize_reference(a, a_global_sf, sf_vec_size=16, **_unused):
-    """NVFP4: E4M3 scales, blocks of 16 (see _fp4_quantize_reference)."""
-    return _fp4_quantize_reference(a, a_global_sf, sf_vec_size, sf_use_ue8m0=False)
+def _nvfp4_quantize_reference(
+    a,
+    a_global_sf,
+    sf_vec_size=16,
+    sfLayout=0,
+    do_shuffle=False,
+    per_token_activation=False,
+    **_unused,
+):
+    """NVFP4: E4M3 scales, blocks of 16, scales in ``sfLayout`` (see
+    _fp4_quantize_reference)."""
+    if do_shuffle or per_token_activation:
+        raise NotImplementedError("do_shuffle=True or per_token_activation=True")
+    layout = int(sfLayout)
+    return _fp4_quantize_reference(
+        a,
+        a_global_sf,
+        sf_vec_size,
+        sf_use_ue8m0=False,
+        is_sf_swizzled_layout=layout != 2,
+        is_sf_8x4_layout=layout == 1,
+    )
 
 
-_fp4_quantize_reference._trace_reference_dependencies = (_e2m1_encode, _block_scale_bytes)
+_fp4_quantize_reference._trace_reference_dependencies = (
+    _e2m1_encode,
+    _block_scale_bytes,
+    _scale_layout,
+)
 _nvfp4_quantize_reference._trace_reference_dependencies = (
     _e2m1_encode,
     _block_scale_bytes,
+    _scale_layout,
     _fp4_quantize_reference,
 )
 
