@@ -39,12 +39,10 @@ def _ways(record, patterns, where, mirror):
     templates, dispatcher = api_templates(key)
     with_reference = [t for t in templates if getattr(t, "reference", None) is not None]
     attr = str(name).rpartition(".")[2]
-    if not templates and dispatcher is None:
-        why = (
-            f"{attr}() configures the object (its run calls are checked)"
-            if attr in ("__init__", "plan")
-            else "no trace template"
-        )
+    if target[0] == "class" and attr in ("__init__", "plan") and not with_reference:
+        why = f"{attr}() configures the object (its run calls are checked)"
+    elif not templates and dispatcher is None:
+        why = "no trace template"
     elif any(is_random(t) and is_standard_check(t.check) for t in templates):
         ways.append("property")
         why = None

@@ -176,3 +176,29 @@ def test_exported_workloads_load_with_flashinfer_benchs_own_loader(census, tmp_p
     tensors = load_safetensors(trace_set.definitions[name], trace.workload, tmp_path / "bench")
     assert torch.equal(tensors["hidden_states"], recorded["kwarg_input"])
     assert torch.equal(tensors["weight"], recorded["kwarg_weight"])
+
+
+def test_coverage_says_how_each_recorded_api_can_be_checked(census, tmp_path):
+    _, _, clean_root, modules = census
+    allow = [arg for m in sorted(modules) for arg in ("--allow-module", m)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashinfer_native", "dumps", "--dir", clean_root]
+        + ["--coverage", "--json", *allow],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["mirror"] is False and data["flashinfer"] == "0.7.2.post1"
+    ways = {a["api"]: a["checked_by"] for a in data["apis"]}
+    assert ways["rmsnorm"] == ["reference"]
+    assert ways["top_k_sampling_from_probs"] == ["property"]
+    assert ways["fused_add_rmsnorm"] == [
+        "none: returns nothing (writes its outputs in place; a recording holds the inputs)"
+    ]
+    assert ways["BatchDecodeWithPagedKVCacheWrapper.plan"] == [
+        "none: plan() configures the object (its run calls are checked)"
+    ]
+    assert ways["BatchDecodeWithPagedKVCacheWrapper.run"] == ["reference"]
