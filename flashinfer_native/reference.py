@@ -32,6 +32,7 @@ import sys
 import torch
 
 from . import jit_args, registry
+from .terminal import brief
 
 __all__ = [
     "MATCH",
@@ -45,7 +46,6 @@ __all__ = [
     "api_templates",
     "bind_arguments",
     "check_call",
-    "check_entry",
     "classify",
     "difference",
     "input_value",
@@ -410,7 +410,7 @@ def difference(label, reference, actual):
     if not isinstance(reference, torch.Tensor) or not isinstance(actual, torch.Tensor):
         same = type(reference) is type(actual) and bool(reference == actual)
         if not same:
-            out["problem"] = f"recorded {_brief(actual)}, reference {_brief(reference)}"
+            out["problem"] = f"recorded {brief(actual, 60)}, reference {brief(reference, 60)}"
         return out
     if tuple(reference.shape) != tuple(actual.shape):
         out["problem"] = f"shape {tuple(actual.shape)} != reference {tuple(reference.shape)}"
@@ -433,11 +433,6 @@ def difference(label, reference, actual):
     if differ.numel():
         out["first_index"] = _index_text(int(differ[0, 0]), tuple(actual.shape))
     return out
-
-
-def _brief(value):
-    text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor{tuple(value.shape)}"
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def difference_text(d):
@@ -716,50 +711,6 @@ def _accepted_thresholds(check, thresholds):
     if accepted and "min_cos_sim" in parameters:
         accepted.setdefault("min_cos_sim", None)  # explicit tolerances replace the cosine
     return accepted
-
-
-# ------------------------------------------------------------------ a dump
-
-
-def check_entry(
-    path, records, objects, device, thresholds=None, allow_modules=None, allow_jit_args=False
-):
-    """Check one dump of a replay order against its reference; never raises.
-
-    ``objects`` is the dict a replay order shares (here it holds each wrapper object's
-    recorded ``__init__``/``plan`` arguments). Returns a replay result (``dump_dir``,
-    ``metadata``, and ``error`` or ``incomplete``) with ``reference``, the outcome of
-    :func:`check_call`.
-    """
-    from .replay import replay_from_dump
-
-    last = records[-1] if records else {}
-    result = {"dump_dir": path, "metadata": last}
-    if last.get("execution_status") == "inputs_saved":
-        result["incomplete"] = True
-        return result
-    try:
-        loaded = replay_from_dump(
-            path, compare_outputs=True, device=device, allow_modules=allow_modules
-        )
-        record = loaded["metadata"]
-        result["metadata"] = record
-        patterns = registry.allowed_patterns(allow_modules)
-        where = f"{path}/metadata.jsonl"
-        result["reference"] = check_call(
-            record,
-            loaded["args"],
-            loaded["kwargs"],
-            loaded.get("expected_result"),
-            SessionState(objects),
-            where,
-            patterns,
-            thresholds,
-            allow_jit_args,
-        )
-    except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
-        result["error"] = f"{type(exc).__name__}: {exc}"
-    return result
 
 
 def classify(result):

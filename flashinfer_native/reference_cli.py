@@ -9,6 +9,7 @@ import click
 import torch
 
 from . import reference
+from .replay import reference_entry
 from .terminal import escape
 
 
@@ -98,7 +99,7 @@ def replay_against_reference(
     counts = Counter()
     report = []
     for index, (path, records) in enumerate(entries, 1):
-        result = reference.check_entry(
+        result = reference_entry(
             path, records, objects, device, thresholds, allow_modules, allow_jit_args
         )
         status = reference.classify(result)

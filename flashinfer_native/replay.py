@@ -12,13 +12,13 @@ import traceback
 
 import torch
 
-from . import _C, jit_args, registry
+from . import _C, jit_args, reference, registry
 from . import record as rec
 from .compare import tensors_differ
 from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
 from .terminal import brief
 
-__all__ = ["replay_from_dump", "replay_sequence", "suspended_dumps"]
+__all__ = ["reference_entry", "replay_from_dump", "replay_sequence", "suspended_dumps"]
 
 # ----------------------------------------------------------------------- tensors
 
@@ -400,6 +400,44 @@ def _judge(result, record, expected, rtol, atol):
 # ------------------------------------------------------------------------ sequence
 
 
+def reference_entry(
+    path, records, objects, device, thresholds=None, allow_modules=None, allow_jit_args=False
+):
+    """Check one dump of a replay order against its trace template's reference; never
+    raises. The dump is loaded as replay loads it, and no API is run.
+
+    ``objects`` is the dict a replay order shares (here it holds each wrapper object's
+    recorded ``__init__``/``plan`` arguments). Returns a replay result (``dump_dir``,
+    ``metadata``, and ``error`` or ``incomplete``) with ``reference``, the outcome of
+    ``reference.check_call``.
+    """
+    last = records[-1] if records else {}
+    result = {"dump_dir": path, "metadata": last}
+    if last.get("execution_status") == "inputs_saved":
+        result["incomplete"] = True
+        return result
+    try:
+        loaded = replay_from_dump(
+            path, compare_outputs=True, device=device, allow_modules=allow_modules
+        )
+        record = loaded["metadata"]
+        result["metadata"] = record
+        result["reference"] = reference.check_call(
+            record,
+            loaded["args"],
+            loaded["kwargs"],
+            loaded.get("expected_result"),
+            reference.SessionState(objects),
+            f"{path}/{METADATA_FILE}",
+            registry.allowed_patterns(allow_modules),
+            thresholds,
+            allow_jit_args,
+        )
+    except Exception as exc:  # noqa: BLE001 - one bad dump must not stop the run
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
 def replay_entry(
     path,
     records,
@@ -417,13 +455,10 @@ def replay_entry(
     ``objects`` is the object registry shared by the sequence; ``allow_modules`` and
     ``allow_jit_args`` as in :func:`replay_from_dump`. ``against="reference"`` checks the
     call against its trace template's reference instead
-    (``flashinfer_native.reference.check_entry``, with ``thresholds`` for the template's
-    check).
+    (:func:`reference_entry`, with ``thresholds`` for the template's check).
     """
     if against == "reference":
-        from .reference import check_entry
-
-        return check_entry(
+        return reference_entry(
             path, records, objects, device, thresholds, allow_modules, allow_jit_args
         )
     last = records[-1] if records else {}
