@@ -46,7 +46,7 @@ _BENCH_DTYPES = {
     "int8",
     "bool",
 }
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")  # fullmatch: "$" passes a final "\n"
 
 
 class _Skip(Exception):
@@ -101,7 +101,7 @@ def _bench_definition(template, api, arguments):
         f"\n\ndef run(*args, **kwargs):\n    return {entry}(*args, **kwargs)\n"
     )
     for name in ("name", "op_type"):
-        if not _SAFE_NAME.match(str(definition.get(name, ""))):
+        if not _SAFE_NAME.fullmatch(str(definition.get(name, ""))):
             raise _Skip(f"definition {name} {definition.get(name)!r} is not a file name")
     overlap = set(definition["inputs"]) & set(definition["outputs"])
     if overlap:

@@ -242,3 +242,40 @@ def test_export_bench_writes_the_dataset_layout(demo_dumps, tmp_path):
     again = flashinfer_cli("dumps", "--export-bench", demo_dumps, "bench", cwd=tmp_path)
     assert again.returncode == 1
     assert again.stderr.strip() == "Error: bench: the output folder exists and is not empty"
+
+
+@pytest.mark.parametrize("bad", ["gqa\n", "a/b", "", "x" * 201])
+def test_a_definition_name_that_is_not_one_file_name_is_skipped(bad):
+    """The definition's name and op_type become file names under OUT: fi_trace builds
+    them from the call's values, so one that is not a plain name (a final newline
+    included, which a ``$``-anchored pattern lets through) skips the call."""
+    from flashinfer_native import bench_export
+
+    def ref(q):
+        return q
+
+    class Template:
+        reference = staticmethod(ref)
+        inputs = {}
+
+    class Api:
+        @staticmethod
+        def fi_trace(**kwargs):
+            return {
+                "name": bad,
+                "op_type": "gemm",
+                "reference": "def ref(q): return q",
+                "inputs": {},
+                "outputs": {},
+                "axes": {},
+            }
+
+    with pytest.raises(bench_export._Skip) as info:
+        bench_export._bench_definition(Template, Api, reference_args())
+    assert str(info.value) == f"definition name {bad!r} is not a file name"
+
+
+def reference_args():
+    from flashinfer_native.reference import CallArguments
+
+    return CallArguments({}, {}, [])
