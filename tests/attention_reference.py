@@ -65,8 +65,12 @@ def attention(
     s = s.masked_fill(~visible, float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks.float()[:, None, None].expand(hq, qo_len, 1)], dim=-1)
+    # A row that sees nothing is 0 with lse -inf; NaN stays NaN, and a +inf logit makes
+    # the row NaN (inf - inf in the online softmax's m + log2(sum 2^(s - m))).
+    sees = (s != float("-inf")).any(dim=-1, keepdim=True)
     lse = torch.logsumexp(s, dim=-1) / math.log(2)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :kv_len]
+    lse = lse.masked_fill((s == float("inf")).any(dim=-1), float("nan"))
+    p = torch.softmax(s, dim=-1).where(sees, 0.0)[..., :kv_len]
     o = torch.einsum("hqk,khd->qhd", p, v) * v_scale
     return o, lse.transpose(0, 1)
 

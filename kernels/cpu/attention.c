@@ -252,14 +252,24 @@ static void add_sink(float sink, float *m, float *l, float *corr)
 }
 
 /* Online softmax over one block for one query vector: s becomes the probabilities
- * relative to the new running max, corr what the earlier sum and output are scaled by. */
+ * relative to the new running max, corr what the earlier sum and output are scaled by.
+ * NaN propagates as in torch's softmax (docs/kernels.md): the max skips NaN scores, so a
+ * NaN beside a finite score makes its exp, and so the sum and the output, NaN; a block of
+ * nothing but NaN and -inf is told apart from one that sees nothing here, off the hot
+ * path, and makes them NaN itself. */
 static void softmax_block(const fi_attention_block_ops *ops, scratch *sc, int64_t vec, float *s,
                           int64_t nb)
 {
     float mx = ops->max(s, nb), m_old = sc->m[vec];
     sc->corr[vec] = 1.0f;
-    if (mx == -INFINITY) { /* sees nothing here: adds nothing */
-        memset(s, 0, (size_t)nb * sizeof(float));
+    if (mx == -INFINITY) {
+        int nan = 0;
+        for (int64_t j = 0; j < nb; j++)
+            nan |= isnan(s[j]);
+        for (int64_t j = 0; j < nb; j++) /* sees nothing here: adds nothing */
+            s[j] = nan ? NAN : 0.0f;
+        if (nan)
+            sc->l[vec] = NAN;
         return;
     }
     if (mx > m_old) {
@@ -329,14 +339,14 @@ static void finish_vector(const fi_attention_params *p, const float *acc, float 
     if (p->v_head_scale)
         v_scale *=
             p->v_head_scale[p->v_head_scale_step * (head / (p->num_qo_heads / p->num_kv_heads))];
-    float inv = l > 0.0f ? v_scale * corr / l : 0.0f;
+    float inv = l != 0.0f ? v_scale * corr / l : 0.0f; /* l is 0 (saw nothing), > 0 or NaN */
     char *oa = (char *)p->o +
                (no * p->o_stride_n + head * p->o_stride_h) * (int64_t)fi_dtype_size(p->o_dtype);
     for (int64_t i = 0; i < d; i++)
         store_value(oa, p->o_dtype, i, acc[i] * inv);
     if (p->lse)
         p->lse[n * p->lse_stride_n + head * p->lse_stride_h] =
-            l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+            l != 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
 }
 
 /* Vectors of a task: head-major, then row, then the head's place in its group. */

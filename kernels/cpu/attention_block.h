@@ -28,7 +28,8 @@ typedef struct {
     void (*accumulate)(const float *p, int64_t ldp, int64_t nv, const float *corr,
                        const void *const *vals, fi_dtype dtype, int64_t nb, int64_t d, float *o,
                        const fi_row_prefetch *pf);
-    /* x[j] = exp(x[j] - m) for j < n (-inf gives 0); returns their sum. m is finite. */
+    /* x[j] = exp(x[j] - m) for j < n (-inf gives 0, NaN stays NaN); returns their sum. m is
+     * finite or +inf. */
     float (*exp_sum)(float *x, int64_t n, float m);
     /* max of x[0..n), -inf for n == 0 (NaNs are skipped). */
     float (*max)(const float *x, int64_t n);

@@ -329,10 +329,14 @@ __global__ void __launch_bounds__(NWARPS * 32)
                 s = cap > 0.0f ? cap * tanhf(dot / cap) : dot;
             }
         }
-        /* Uniform across the warp: tile_max is the same in every lane. */
+        /* Uniform across the warp: tile_max is the same in every lane. fmaxf skips NaN, so
+         * a NaN score is voted on apart: the tile then counts even when nothing else is
+         * seen, and its exp (NaN - m, or -inf - -inf) makes l and acc NaN, as torch's
+         * softmax does (docs/kernels.md). */
         const float tile_max = warp_max(s);
+        const bool seen = tile_max != -INFINITY || __any_sync(FULL_MASK, s != s);
         float pj = 0.0f, corr = 1.0f;
-        if (tile_max != -INFINITY) {
+        if (seen) {
             float m_new = fmaxf(m, tile_max);
             corr = expf(m - m_new); /* 0 while m is still -inf: acc and l are 0 then */
             pj = s == -INFINITY ? 0.0f : expf(s - m_new);
@@ -342,7 +346,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
         __syncthreads(); /* every warp is done with K before V overwrites it */
         load_rows<D>(tile, p.v, p.v_sf, voff, vsf, nb, p.kv_dtype, sp.vec_v);
         __syncthreads();
-        if (tile_max != -INFINITY) {
+        if (seen) {
 #pragma unroll
             for (int c = 0; c < D / 32; c++)
                 acc[c] *= corr;
@@ -362,11 +366,12 @@ __global__ void __launch_bounds__(NWARPS * 32)
         float corr = 1.0f;
         if (p.sinks)
             add_sink(p.sinks[head], &m, &l, &corr);
-        float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+        /* l is 0 (saw nothing), > 0 or NaN */
+        float lse = l != 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
         float v_scale = p.v_scale;
         if (p.v_head_scale)
             v_scale *= p.v_head_scale[p.v_head_scale_step * kvh];
-        float inv = l > 0.0f ? v_scale * corr / l : 0.0f;
+        float inv = l != 0.0f ? v_scale * corr / l : 0.0f;
         int64_t no = output_row(p, b, n);
         char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
 #pragma unroll
@@ -376,8 +381,8 @@ __global__ void __launch_bounds__(NWARPS * 32)
             p.lse[n * p.lse_stride_n + head * p.lse_stride_h] = lse;
         return;
     }
-    float lse = l > 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float lse = l != 0.0f ? m * LOG2E + log2f(l) : -INFINITY;
+    float inv = l != 0.0f ? 1.0f / l : 0.0f;
     int64_t slot = ((int64_t)split * p.total_qo_rows + n) * p.num_qo_heads + head;
     float *po = sp.part_o + slot * D;
 #pragma unroll
@@ -403,8 +408,14 @@ __global__ void __launch_bounds__(NWARPS * 32)
     const int64_t stride = p.total_qo_rows * p.num_qo_heads;
     const float sink = p.sinks ? p.sinks[head] * LOG2E : -INFINITY;
     float mx = sink;
-    for (int s = 0; s < sp.splits; s++)
-        mx = fmaxf(mx, sp.part_lse[s * stride + idx]);
+    bool nan = false; /* fmaxf skips it: a NaN split makes the row NaN */
+    for (int s = 0; s < sp.splits; s++) {
+        float lse = sp.part_lse[s * stride + idx];
+        mx = fmaxf(mx, lse);
+        nan |= lse != lse;
+    }
+    if (nan)
+        mx = NAN;
     float wsum = 0.0f;
     if (mx != -INFINITY) {
         wsum = exp2f(sink - mx);
@@ -414,7 +425,7 @@ __global__ void __launch_bounds__(NWARPS * 32)
     float v_scale = p.v_scale;
     if (p.v_head_scale)
         v_scale *= p.v_head_scale[p.v_head_scale_step * (head / (p.num_qo_heads / p.num_kv_heads))];
-    float scale = wsum > 0.0f ? v_scale / wsum : 0.0f;
+    float scale = wsum != 0.0f ? v_scale / wsum : 0.0f;
     int64_t no = output_row(p, request_of_row(p, n), n);
     char *oa = (char *)p.o + (no * p.o_stride_n + head * p.o_stride_h) * elem_size(p.o_dtype);
     for (int64_t i = lane; i < p.head_dim; i += 32) {

@@ -371,3 +371,39 @@ def test_ragged_v_indptr_o_indptr_and_sinks_match_cpu():
         )
         res.append(p.run(q[:5].to(dev), cache.to(dev), sinks=sinks.to(dev), return_lse=True))
     assert_close(res[1], res[0])
+
+
+@pytest.mark.parametrize("kv_len", [300, 33000])  # one split, and split with a merge
+def test_nan_and_inf_propagate_as_in_the_reference(kv_len):
+    """A NaN in q or k makes that query's row NaN, one in v its column; a +inf score is
+    NaN, a -inf one weighs nothing, a head whose every score is -inf sees nothing."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(8, 128, generator=g)
+    k = torch.randn(kv_len, 4, 128, generator=g)
+    v = torch.randn(kv_len, 4, 128, generator=g)
+    q[1, 7] = float("nan")  # qo head 1 (kv head 0)
+    k[kv_len - 5, 1, 0] = float("nan")  # qo heads 2, 3: the last split only
+    v[45, 0, 9] = float("nan")  # column 9 of qo heads 0, 1
+    k[17, 2] = float("inf") * q[4].sign()  # qo head 4: a +inf score
+    k[:, 3] = float("-inf") * q[6].sign()  # qo head 6: every score -inf
+    o, lse = flashinfer.single_decode_with_kv_cache(*cuda(q, k, v), return_lse=True)
+    ro, rlse = reference(q[None], k, v)
+    assert o[1].isnan().all() and o[2:5].isnan().all() and o[0, 9].isnan()
+    assert (o[6] == 0).all() and lse[6].item() == float("-inf")
+    kw = dict(atol=1e-3, rtol=1e-3, equal_nan=True)
+    torch.testing.assert_close(o.cpu(), ro[0], **kw)
+    torch.testing.assert_close(lse.cpu(), rlse[0], **kw)
+
+
+def test_nan_reaches_the_prefill_rows_that_see_it():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(70, n, 64, generator=g) for n in (4, 2, 2))
+    q[10, 3, 1] = float("nan")
+    k[40, 0, 0] = float("nan")
+    v[0, 1, 7] = float("nan")
+    o, lse = flashinfer.single_prefill_with_kv_cache(*cuda(q, k, v), causal=True, return_lse=True)
+    ro, rlse = reference(q, k, v, causal=True)
+    assert not o[:40, :2].isnan().any() and o[40:, :2].isnan().all()
+    kw = dict(atol=1e-3, rtol=1e-3, equal_nan=True)
+    torch.testing.assert_close(o.cpu(), ro, **kw)
+    torch.testing.assert_close(lse.cpu(), rlse, **kw)
