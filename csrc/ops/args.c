@@ -17,9 +17,9 @@
 
 int fi_arg_read(fi_arg *a)
 {
-    if (!fi_is_tensor(a->obj)) {
+    if (!a->obj || !fi_is_tensor(a->obj)) { /* NULL: None, as the tables store it */
         PyErr_Format(PyExc_TypeError, "%s: expected a torch.Tensor, got %.200s", a->name,
-                     Py_TYPE(a->obj)->tp_name);
+                     a->obj ? Py_TYPE(a->obj)->tp_name : "NoneType");
         return -1;
     }
     return fi_tensor_from_py(a->obj, &a->t);
@@ -236,7 +236,12 @@ static int store_arg(const char *fname, const fi_argspec *spec, PyObject *value,
         *(double *)at = v;
         return 0;
     }
+    case FI_ARG_PATH:
     case FI_ARG_STR: {
+        if (spec->kind == FI_ARG_PATH && value == Py_None) {
+            *(const char **)at = NULL;
+            return 0;
+        }
         if (!PyUnicode_Check(value))
             break;
         const char *s = PyUnicode_AsUTF8(value);
@@ -247,7 +252,7 @@ static int store_arg(const char *fname, const fi_argspec *spec, PyObject *value,
     }
     }
     static const char *const wanted[] = {"a tensor", "an object", "a bool", "an int",
-                                         "an int",   "a float",   "a str"};
+                                         "an int",   "a float",   "a str",  "a str or None"};
     PyErr_Format(PyExc_TypeError, "%s(): argument '%s' must be %s, not %.200s", fname, spec->name,
                  wanted[spec->kind], Py_TYPE(value)->tp_name);
     return -1;

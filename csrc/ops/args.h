@@ -26,6 +26,7 @@ typedef enum {
     FI_ARG_INT64,  /* long long; an integer (not bool) */
     FI_ARG_DOUBLE, /* double; a float or an integer */
     FI_ARG_STR,    /* const char *, UTF-8 kept alive by the str object */
+    FI_ARG_PATH,   /* const char *, a str (UTF-8, as STR) or None (NULL), as "z" */
 } fi_arg_kind;
 
 /* One row of an entry point's argument table, in positional order: the keyword name, where
@@ -50,7 +51,7 @@ int fi_args_parse(const char *fname, const fi_argspec *specs, int n, void *dest,
 /* Each function returns 0, or -1 with an exception set whose message names the argument,
  * the value seen and what is accepted. */
 
-/* Fills a->t from a->obj; TypeError when it is not a torch.Tensor. */
+/* Fills a->t from a->obj; TypeError when it is not a torch.Tensor (NULL: None). */
 int fi_arg_read(fi_arg *a);
 
 /* All n tensors are on one device, and that device is one this build runs op on: the

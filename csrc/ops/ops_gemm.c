@@ -96,7 +96,7 @@ static PyObject *bmm_fp8_cuda(fi_gemm_fp8_params *p, int backend, fi_arg *ws, co
 #ifdef FI_WITH_CUDA
     void *ws_data = NULL;
     size_t ws_bytes = 0;
-    if (ws->obj != Py_None) {
+    if (ws->obj) {
         static const fi_dtype u8[] = {FI_DTYPE_U8};
         fi_arg *pair[2] = {out, ws};
         if (fi_arg_read(ws) < 0 || fi_args_check_devices("bmm_fp8", pair, 2) < 0 ||
@@ -133,56 +133,68 @@ PyDoc_STRVAR(bmm_fp8_doc,
              "(RuntimeError when it cannot); workspace is a uint8 CUDA tensor for cuBLASLt,\n"
              "lib_dir a directory searched for libcublasLt on first use.");
 
-static PyObject *py_bmm_fp8(PyObject *self, PyObject *args)
+typedef struct {
+    fi_arg A, B, as, bs, out, ws;
+    int num_threads, backend;
+    long long stream;
+    const char *lib_dir;
+} bmm_fp8_call;
+
+#define BC(f) offsetof(bmm_fp8_call, f)
+static const fi_argspec bmm_fp8_table[] = {
+    {"A", BC(A), FI_ARG_TENSOR, 1},          {"B", BC(B), FI_ARG_TENSOR, 1},
+    {"A_scale", BC(as), FI_ARG_TENSOR, 1},   {"B_scale", BC(bs), FI_ARG_TENSOR, 1},
+    {"out", BC(out), FI_ARG_TENSOR, 1},      {"num_threads", BC(num_threads), FI_ARG_INT, 1},
+    {"stream", BC(stream), FI_ARG_INT64, 0}, {"backend", BC(backend), FI_ARG_INT, 0},
+    {"workspace", BC(ws), FI_ARG_TENSOR, 0}, {"lib_dir", BC(lib_dir), FI_ARG_PATH, 0},
+};
+#undef BC
+
+static PyObject *py_bmm_fp8(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
 {
     (void)self;
-    fi_arg A = {.name = "A"}, B = {.name = "B"}, as = {.name = "A_scale"}, bs = {.name = "B_scale"},
-           out = {.name = "out"};
-    fi_arg ws = {.name = "workspace"};
-    int num_threads, backend = BMM_NATIVE;
-    unsigned long long stream = 0;
-    const char *lib_dir = NULL;
-    ws.obj = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOi|KiOz:bmm_fp8", &A.obj, &B.obj, &as.obj, &bs.obj, &out.obj,
-                          &num_threads, &stream, &backend, &ws.obj, &lib_dir))
+    bmm_fp8_call c = {.backend = BMM_NATIVE};
+    if (fi_args_parse("bmm_fp8", bmm_fp8_table, FI_ARGS_COUNT(bmm_fp8_table), &c, args, nargs,
+                      kwnames) < 0)
         return NULL;
-    if (backend < BMM_NATIVE || backend > BMM_CUBLASLT_ONLY)
+    if (c.backend < BMM_NATIVE || c.backend > BMM_CUBLASLT_ONLY)
         return PyErr_Format(PyExc_ValueError,
                             "backend: %d is not a backend; expected 0 (native), 1 (cuBLASLt, "
                             "else native) or 2 (cuBLASLt only)",
-                            backend);
-    fi_arg *all[] = {&A, &B, &as, &bs, &out};
+                            c.backend);
+    fi_arg *all[] = {&c.A, &c.B, &c.as, &c.bs, &c.out};
     for (int i = 0; i < 4; i++)
         if (fi_arg_read(all[i]) < 0)
             return NULL;
-    if (fi_args_check_devices("bmm_fp8", all, 4) < 0 || fi_arg_check_dtype(&A, fp8_kinds, 2) < 0 ||
-        fi_arg_check_dtype(&B, fp8_kinds, 2) < 0 || fi_arg_check_ndim(&A, 3, "[b, m, k]") < 0 ||
-        fi_arg_check_ndim(&B, 3, "[b, k, n]") < 0)
+    if (fi_args_check_devices("bmm_fp8", all, 4) < 0 ||
+        fi_arg_check_dtype(&c.A, fp8_kinds, 2) < 0 || fi_arg_check_dtype(&c.B, fp8_kinds, 2) < 0 ||
+        fi_arg_check_ndim(&c.A, 3, "[b, m, k]") < 0 || fi_arg_check_ndim(&c.B, 3, "[b, k, n]") < 0)
         return NULL;
-    if (B.t.shape[0] != A.t.shape[0])
+    if (c.B.t.shape[0] != c.A.t.shape[0])
         return PyErr_Format(PyExc_ValueError,
                             "B: batch size %lld does not match A's batch size %lld",
-                            (long long)B.t.shape[0], (long long)A.t.shape[0]);
-    if (B.t.shape[1] != A.t.shape[2])
+                            (long long)c.B.t.shape[0], (long long)c.A.t.shape[0]);
+    if (c.B.t.shape[1] != c.A.t.shape[2])
         return PyErr_Format(PyExc_ValueError,
                             "B: k = %lld (B.shape[1]) does not match A's k = %lld (A.shape[2])",
-                            (long long)B.t.shape[1], (long long)A.t.shape[2]);
-    int64_t want[3] = {A.t.shape[0], A.t.shape[1], B.t.shape[2]};
-    if (check_scalar_f32(&as) < 0 || check_scalar_f32(&bs) < 0 || fi_arg_read(&out) < 0 ||
+                            (long long)c.B.t.shape[1], (long long)c.A.t.shape[2]);
+    int64_t want[3] = {c.A.t.shape[0], c.A.t.shape[1], c.B.t.shape[2]};
+    if (check_scalar_f32(&c.as) < 0 || check_scalar_f32(&c.bs) < 0 || fi_arg_read(&c.out) < 0 ||
         fi_args_check_devices("bmm_fp8", all, 5) < 0 ||
-        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 3) < 0 ||
-        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        fi_arg_check_dtype(&c.out, half_kinds, 2) < 0 || fi_arg_check_shape(&c.out, want, 3) < 0 ||
+        fi_arg_check_contiguous(&c.out) < 0 || check_threads(c.num_threads) < 0)
         return NULL;
-    fi_gemm_fp8_params p = {.a = A.t,
-                            .b = B.t,
-                            .out = out.t,
+    fi_gemm_fp8_params p = {.a = c.A.t,
+                            .b = c.B.t,
+                            .out = c.out.t,
                             .b_layout = FI_GEMM_B_STRIDED,
-                            .a_scale = as.t.data,
-                            .b_scale = bs.t.data,
-                            .num_threads = num_threads,
-                            .stream = (void *)(uintptr_t)stream};
-    if (on_cuda(&A.t))
-        return bmm_fp8_cuda(&p, backend, &ws, lib_dir, &out);
+                            .a_scale = c.as.t.data,
+                            .b_scale = c.bs.t.data,
+                            .num_threads = c.num_threads,
+                            .stream = (void *)(uintptr_t)c.stream};
+    if (on_cuda(&c.A.t))
+        return bmm_fp8_cuda(&p, c.backend, &c.ws, c.lib_dir, &c.out);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = fi_gemm_fp8_cpu(&p);
@@ -194,51 +206,68 @@ PyDoc_STRVAR(mm_fp8_doc, "mm_fp8(a, b, alpha, out, num_threads, stream=0)\n--\n\
                          "out = alpha * (a @ w.T) for e4m3 a [m, k] and the prepared weight\n"
                          "b [k // 128, n, 128]; alpha may be None.");
 
-static PyObject *py_mm_fp8(PyObject *self, PyObject *args)
+typedef struct {
+    fi_arg a, b, alpha, out;
+    int num_threads;
+    long long stream;
+} mm_fp8_call;
+
+#define MC(f) offsetof(mm_fp8_call, f)
+static const fi_argspec mm_fp8_table[] = {
+    {"a", MC(a), FI_ARG_TENSOR, 1},
+    {"b", MC(b), FI_ARG_TENSOR, 1},
+    {"alpha", MC(alpha), FI_ARG_TENSOR, 1},
+    {"out", MC(out), FI_ARG_TENSOR, 1},
+    {"num_threads", MC(num_threads), FI_ARG_INT, 1},
+    {"stream", MC(stream), FI_ARG_INT64, 0},
+};
+#undef MC
+
+static PyObject *py_mm_fp8(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
 {
     (void)self;
-    fi_arg a = {.name = "a"}, b = {.name = "b"}, alpha = {.name = "alpha"}, out = {.name = "out"};
-    int num_threads;
-    unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "OOOOi|K:mm_fp8", &a.obj, &b.obj, &alpha.obj, &out.obj,
-                          &num_threads, &stream))
+    mm_fp8_call c = {.stream = 0};
+    if (fi_args_parse("mm_fp8", mm_fp8_table, FI_ARGS_COUNT(mm_fp8_table), &c, args, nargs,
+                      kwnames) < 0)
         return NULL;
-    fi_arg *all[4] = {&a, &b, &alpha, &out};
-    int n = alpha.obj == Py_None ? 2 : 3;
-    all[n] = &out;
+    fi_arg *all[4] = {&c.a, &c.b, &c.alpha, &c.out};
+    int n = c.alpha.obj ? 3 : 2;
+    all[n] = &c.out;
     for (int i = 0; i < n; i++)
         if (fi_arg_read(all[i]) < 0)
             return NULL;
     static const fi_dtype e4m3[] = {FI_DTYPE_E4M3FN};
-    if (fi_args_check_devices("mm_fp8", all, n) < 0 || fi_arg_check_dtype(&a, e4m3, 1) < 0 ||
-        fi_arg_check_dtype(&b, e4m3, 1) < 0 || fi_arg_check_ndim(&a, 2, "[m, k]") < 0 ||
-        fi_arg_check_ndim(&b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") < 0)
+    if (fi_args_check_devices("mm_fp8", all, n) < 0 || fi_arg_check_dtype(&c.a, e4m3, 1) < 0 ||
+        fi_arg_check_dtype(&c.b, e4m3, 1) < 0 || fi_arg_check_ndim(&c.a, 2, "[m, k]") < 0 ||
+        fi_arg_check_ndim(&c.b, 3, "[k // 128, n, 128] (from prepare_low_latency_gemm_weights)") <
+            0)
         return NULL;
-    if (b.t.shape[2] != 128 || b.t.shape[0] * 128 != a.t.shape[1])
+    if (c.b.t.shape[2] != 128 || c.b.t.shape[0] * 128 != c.a.t.shape[1])
         return PyErr_Format(PyExc_ValueError,
                             "b: shape [%lld, %lld, %lld] does not fit a's k = %lld; expected "
                             "[k // 128, n, 128] with k a multiple of 128",
-                            (long long)b.t.shape[0], (long long)b.t.shape[1],
-                            (long long)b.t.shape[2], (long long)a.t.shape[1]);
-    int64_t want[2] = {a.t.shape[0], b.t.shape[1]};
-    if ((n == 3 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+                            (long long)c.b.t.shape[0], (long long)c.b.t.shape[1],
+                            (long long)c.b.t.shape[2], (long long)c.a.t.shape[1]);
+    int64_t want[2] = {c.a.t.shape[0], c.b.t.shape[1]};
+    if ((n == 3 && check_scalar_f32(&c.alpha) < 0) || fi_arg_read(&c.out) < 0 ||
         fi_args_check_devices("mm_fp8", all, n + 1) < 0 ||
-        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
-        fi_arg_check_contiguous(&out) < 0 || check_threads(num_threads) < 0)
+        fi_arg_check_dtype(&c.out, half_kinds, 2) < 0 || fi_arg_check_shape(&c.out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&c.out) < 0 || check_threads(c.num_threads) < 0)
         return NULL;
-    fi_gemm_fp8_params p = {.out = out.t,
-                            .b = b.t,
+    fi_gemm_fp8_params p = {.out = c.out.t,
+                            .b = c.b.t,
                             .b_layout = FI_GEMM_B_BLOCK_K128,
-                            .a_scale = n == 3 ? alpha.t.data : NULL,
-                            .num_threads = num_threads};
+                            .a_scale = n == 3 ? c.alpha.t.data : NULL,
+                            .num_threads = c.num_threads};
     /* a as a batch of one: [1, m, k] */
-    p.a = a.t;
+    p.a = c.a.t;
     p.a.ndim = 3;
-    p.a.shape[0] = 1, p.a.shape[1] = a.t.shape[0], p.a.shape[2] = a.t.shape[1];
-    p.a.stride[0] = 0, p.a.stride[1] = a.t.stride[0], p.a.stride[2] = a.t.stride[1];
+    p.a.shape[0] = 1, p.a.shape[1] = c.a.t.shape[0], p.a.shape[2] = c.a.t.shape[1];
+    p.a.stride[0] = 0, p.a.stride[1] = c.a.t.stride[0], p.a.stride[2] = c.a.t.stride[1];
     p.out.ndim = 3;
-    p.out.shape[0] = 1, p.out.shape[1] = out.t.shape[0], p.out.shape[2] = out.t.shape[1];
-    p.stream = (void *)(uintptr_t)stream;
+    p.out.shape[0] = 1, p.out.shape[1] = c.out.t.shape[0], p.out.shape[2] = c.out.t.shape[1];
+    p.stream = (void *)(uintptr_t)c.stream;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_gemm_fp8(&p);
@@ -518,73 +547,89 @@ PyDoc_STRVAR(mm_fp4_doc,
              "       num_threads, stream=0)\n--\n\n"
              "out = alpha * dequant(a) @ dequant(b) for packed fp4 a [m, k/2], b [k/2, n].");
 
-static PyObject *py_mm_fp4(PyObject *self, PyObject *args)
+typedef struct {
+    fi_arg a, b, asf, bsf, alpha, out;
+    int bs, layout, ue8m0, num_threads;
+    long long stream;
+} mm_fp4_call;
+
+#define M4(f) offsetof(mm_fp4_call, f)
+static const fi_argspec mm_fp4_table[] = {
+    {"a", M4(a), FI_ARG_TENSOR, 1},           {"b", M4(b), FI_ARG_TENSOR, 1},
+    {"a_descale", M4(asf), FI_ARG_TENSOR, 1}, {"b_descale", M4(bsf), FI_ARG_TENSOR, 1},
+    {"alpha", M4(alpha), FI_ARG_TENSOR, 1},   {"out", M4(out), FI_ARG_TENSOR, 1},
+    {"block_size", M4(bs), FI_ARG_INT, 1},    {"sf_layout", M4(layout), FI_ARG_INT, 1},
+    {"sf_ue8m0", M4(ue8m0), FI_ARG_BOOL, 1},  {"num_threads", M4(num_threads), FI_ARG_INT, 1},
+    {"stream", M4(stream), FI_ARG_INT64, 0},
+};
+#undef M4
+
+static PyObject *py_mm_fp4(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
 {
     (void)self;
-    fi_arg a = {.name = "a"}, b = {.name = "b"}, asf = {.name = "a_descale"},
-           bsf = {.name = "b_descale"}, alpha = {.name = "alpha"}, out = {.name = "out"};
-    int bs, layout, ue8m0, num_threads;
-    unsigned long long stream = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOiipi|K:mm_fp4", &a.obj, &b.obj, &asf.obj, &bsf.obj,
-                          &alpha.obj, &out.obj, &bs, &layout, &ue8m0, &num_threads, &stream))
+    mm_fp4_call c = {.stream = 0};
+    if (fi_args_parse("mm_fp4", mm_fp4_table, FI_ARGS_COUNT(mm_fp4_table), &c, args, nargs,
+                      kwnames) < 0)
         return NULL;
-    fi_arg *all[6] = {&a, &b, &asf, &bsf, &alpha, &out};
-    int n = alpha.obj == Py_None ? 4 : 5;
-    all[n] = &out;
+    fi_arg *all[6] = {&c.a, &c.b, &c.asf, &c.bsf, &c.alpha, &c.out};
+    int n = c.alpha.obj ? 5 : 4;
+    all[n] = &c.out;
     for (int i = 0; i < n; i++)
         if (fi_arg_read(all[i]) < 0)
             return NULL;
     static const fi_dtype packed[] = {FI_DTYPE_U8, FI_DTYPE_FP4X2};
     static const fi_dtype scales[] = {FI_DTYPE_U8, FI_DTYPE_E4M3FN, FI_DTYPE_E8M0FNU};
-    if (fi_args_check_devices("mm_fp4", all, n) < 0 || fi_arg_check_dtype(&a, packed, 2) < 0 ||
-        fi_arg_check_dtype(&b, packed, 2) < 0 || fi_arg_check_ndim(&a, 2, "[m, k/2]") < 0 ||
-        fi_arg_check_ndim(&b, 2, "[k/2, n]") < 0 || check_layout(layout) < 0 ||
-        check_threads(num_threads) < 0)
+    if (fi_args_check_devices("mm_fp4", all, n) < 0 || fi_arg_check_dtype(&c.a, packed, 2) < 0 ||
+        fi_arg_check_dtype(&c.b, packed, 2) < 0 || fi_arg_check_ndim(&c.a, 2, "[m, k/2]") < 0 ||
+        fi_arg_check_ndim(&c.b, 2, "[k/2, n]") < 0 || check_layout(c.layout) < 0 ||
+        check_threads(c.num_threads) < 0)
         return NULL;
-    if (bs != 16 && bs != 32)
+    if (c.bs != 16 && c.bs != 32)
         return PyErr_Format(PyExc_ValueError, "block_size: %d is not supported; expected 16 or 32",
-                            bs);
-    if (b.t.shape[0] != a.t.shape[1])
+                            c.bs);
+    if (c.b.t.shape[0] != c.a.t.shape[1])
         return PyErr_Format(PyExc_ValueError,
                             "b: k/2 = %lld (b.shape[0]) does not match a's k/2 = %lld "
                             "(a.shape[1])",
-                            (long long)b.t.shape[0], (long long)a.t.shape[1]);
-    int64_t m = a.t.shape[0], n_out = b.t.shape[1], k = a.t.shape[1] * 2;
-    if (k % bs != 0)
+                            (long long)c.b.t.shape[0], (long long)c.a.t.shape[1]);
+    int64_t m = c.a.t.shape[0], n_out = c.b.t.shape[1], k = c.a.t.shape[1] * 2;
+    if (k % c.bs != 0)
         return PyErr_Format(PyExc_ValueError,
                             "a: k = %lld (2 * a.shape[1]) must be a multiple of block_size = %d",
-                            (long long)k, bs);
+                            (long long)k, c.bs);
     int64_t want[2] = {m, n_out};
     /* a's scales may be 8x4 (small-m friendly); b's then stay 128x4, as in FlashInfer */
-    fi_sf_layout b_layout = layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)layout;
-    if (fi_arg_check_dtype(&asf, scales, 3) < 0 || fi_arg_check_dtype(&bsf, scales, 3) < 0 ||
-        check_sf_numel(&asf, fi_sf_bytes(m, k / bs, (fi_sf_layout)layout)) < 0 ||
-        check_sf_numel(&bsf, fi_sf_bytes(n_out, k / bs, b_layout)) < 0)
+    fi_sf_layout b_layout =
+        c.layout == FI_SF_LAYOUT_8X4 ? FI_SF_LAYOUT_128X4 : (fi_sf_layout)c.layout;
+    if (fi_arg_check_dtype(&c.asf, scales, 3) < 0 || fi_arg_check_dtype(&c.bsf, scales, 3) < 0 ||
+        check_sf_numel(&c.asf, fi_sf_bytes(m, k / c.bs, (fi_sf_layout)c.layout)) < 0 ||
+        check_sf_numel(&c.bsf, fi_sf_bytes(n_out, k / c.bs, b_layout)) < 0)
         return NULL;
-    fi_arg *sfs[2] = {&asf, &bsf};
+    fi_arg *sfs[2] = {&c.asf, &c.bsf};
     for (int i = 0; i < 2; i++)
         if (!is_dense(&sfs[i]->t))
             return PyErr_Format(PyExc_ValueError,
                                 "%s: must be contiguous (or the .T of a contiguous tensor), "
                                 "as nvfp4_quantize returns it",
                                 sfs[i]->name);
-    if ((n == 5 && check_scalar_f32(&alpha) < 0) || fi_arg_read(&out) < 0 ||
+    if ((n == 5 && check_scalar_f32(&c.alpha) < 0) || fi_arg_read(&c.out) < 0 ||
         fi_args_check_devices("mm_fp4", all, n + 1) < 0 ||
-        fi_arg_check_dtype(&out, half_kinds, 2) < 0 || fi_arg_check_shape(&out, want, 2) < 0 ||
-        fi_arg_check_contiguous(&out) < 0)
+        fi_arg_check_dtype(&c.out, half_kinds, 2) < 0 || fi_arg_check_shape(&c.out, want, 2) < 0 ||
+        fi_arg_check_contiguous(&c.out) < 0)
         return NULL;
-    fi_gemm_fp4_params p = {.a = a.t,
-                            .b = b.t,
-                            .a_sf = asf.t.data,
-                            .b_sf = bsf.t.data,
-                            .sf_layout = (fi_sf_layout)layout,
+    fi_gemm_fp4_params p = {.a = c.a.t,
+                            .b = c.b.t,
+                            .a_sf = c.asf.t.data,
+                            .b_sf = c.bsf.t.data,
+                            .sf_layout = (fi_sf_layout)c.layout,
                             .b_sf_layout = b_layout,
-                            .block_size = bs,
-                            .sf_ue8m0 = ue8m0,
-                            .alpha = n == 5 ? alpha.t.data : NULL,
-                            .out = out.t,
-                            .num_threads = num_threads,
-                            .stream = (void *)(uintptr_t)stream};
+                            .block_size = c.bs,
+                            .sf_ue8m0 = c.ue8m0,
+                            .alpha = n == 5 ? c.alpha.t.data : NULL,
+                            .out = c.out.t,
+                            .num_threads = c.num_threads,
+                            .stream = (void *)(uintptr_t)c.stream};
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = run_gemm_fp4(&p);
@@ -598,11 +643,17 @@ PyDoc_STRVAR(cublaslt_library_doc,
              "libraries the process has loaded); returns the name it was loaded by, or None\n"
              "(also in a build without CUDA).");
 
-static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
+static const fi_argspec cublaslt_library_table[] = {
+    {"lib_dir", 0, FI_ARG_PATH, 0},
+};
+
+static PyObject *py_cublaslt_library(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
 {
     (void)self;
     const char *lib_dir = NULL;
-    if (!PyArg_ParseTuple(args, "|z:cublaslt_library", &lib_dir))
+    if (fi_args_parse("cublaslt_library", cublaslt_library_table,
+                      FI_ARGS_COUNT(cublaslt_library_table), &lib_dir, args, nargs, kwnames) < 0)
         return NULL;
 #ifdef FI_WITH_CUDA
     const char *name;
@@ -615,14 +666,17 @@ static PyObject *py_cublaslt_library(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Every entry point parses its table (args.c): METH_FASTCALL | METH_KEYWORDS. */
+#define FASTCALL(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL | METH_KEYWORDS
+
 static PyMethodDef gemm_methods[] = {
-    {"cublaslt_library", py_cublaslt_library, METH_VARARGS, cublaslt_library_doc},
-    {"bmm_fp8", py_bmm_fp8, METH_VARARGS, bmm_fp8_doc},
-    {"mm_fp8", py_mm_fp8, METH_VARARGS, mm_fp8_doc},
-    {"fp4_quantize", (PyCFunction)(void (*)(void))py_fp4_quantize, METH_FASTCALL | METH_KEYWORDS,
-     fp4_quantize_doc},
-    {"mm_fp4", py_mm_fp4, METH_VARARGS, mm_fp4_doc},
+    {"cublaslt_library", FASTCALL(py_cublaslt_library), cublaslt_library_doc},
+    {"bmm_fp8", FASTCALL(py_bmm_fp8), bmm_fp8_doc},
+    {"mm_fp8", FASTCALL(py_mm_fp8), mm_fp8_doc},
+    {"fp4_quantize", FASTCALL(py_fp4_quantize), fp4_quantize_doc},
+    {"mm_fp4", FASTCALL(py_mm_fp4), mm_fp4_doc},
     {NULL, NULL, 0, NULL},
 };
+#undef FASTCALL
 
 int fi_gemm_exec(PyObject *module) { return PyModule_AddFunctions(module, gemm_methods); }
