@@ -232,6 +232,16 @@ print("ring calls done")
 """
 
 
+def call_tensors(call_dir, stem):
+    """A call's inputs or outputs in whichever layout the ring wrote (docs/dump-format.md)."""
+    from flashinfer_native import dumpdir
+
+    path = dumpdir.tensor_file(call_dir, stem, {})
+    if path is None:
+        raise FileNotFoundError(f"{call_dir}: no {stem} tensor file")
+    return dumpdir.load_tensor_file(path)
+
+
 def step_ring(args):
     torch = need_cuda()
     findings = {}
@@ -257,8 +267,8 @@ def step_ring(args):
         ok = len(calls) == 8 and findings["triggers"] == ["nan"]
         if triggers:
             trigger_dir = os.path.join(dumps, os.path.basename(str(triggers[0].get("dump_dir"))))
-            v = torch.load(os.path.join(trigger_dir, "inputs.pt"), weights_only=True)["arg_2"]
-            out = torch.load(os.path.join(trigger_dir, "outputs.pt"), weights_only=True)["result"]
+            v = call_tensors(trigger_dir, "inputs")["arg_2"]
+            out = call_tensors(trigger_dir, "outputs")["result"]
             findings["trigger_call"] = os.path.basename(trigger_dir)
             findings["recorded_from"] = json.loads(
                 open(os.path.join(trigger_dir, "metadata.jsonl")).readline()
