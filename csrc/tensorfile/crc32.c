@@ -36,8 +36,42 @@ static void load_zlib(void)
         zlib_crc32 = NULL;
 }
 
+/* x^(2^k) modulo the polynomial, reflected (bit 31 is x^0), for zero runs. */
+static uint32_t x2n_table[32];
+
+/* a * b modulo the polynomial, both reflected. */
+static uint32_t mult_mod_p(uint32_t a, uint32_t b)
+{
+    uint32_t m = 1u << 31, p = 0;
+    for (;;) {
+        if (a & m) {
+            p ^= b;
+            if ((a & (m - 1)) == 0)
+                break;
+        }
+        m >>= 1;
+        b = b & 1 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return p;
+}
+
+/* x^(n * 2^k) modulo the polynomial. */
+static uint32_t x2n_mod_p(uint64_t n, unsigned k)
+{
+    uint32_t p = 1u << 31; /* x^0 */
+    for (; n; n >>= 1, k++)
+        if (n & 1)
+            p = mult_mod_p(x2n_table[k & 31], p);
+    return p;
+}
+
 static void fill_tables(void)
 {
+    uint32_t x = 1u << 30; /* x^1 */
+    for (int k = 0; k < 32; k++) {
+        x2n_table[k] = x;
+        x = mult_mod_p(x, x);
+    }
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
@@ -216,4 +250,16 @@ uint32_t fi_crc32_with(fi_crc32_impl impl, uint32_t crc, const void *p, size_t n
 uint32_t fi_crc32(uint32_t crc, const void *p, size_t n)
 {
     return fi_crc32_with(active, crc, p, n);
+}
+
+/* n zero bytes shift the register (the CRC before its final inversion) by x^(8n), so the
+ * result needs O(log n) products, not n bytes read. */
+uint32_t fi_crc32_zeros(uint32_t crc, uint64_t n)
+{
+    return n ? ~mult_mod_p(x2n_mod_p(n, 3), ~crc) : crc;
+}
+
+uint32_t fi_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2)
+{
+    return mult_mod_p(x2n_mod_p(len2, 3), crc1) ^ crc2;
 }

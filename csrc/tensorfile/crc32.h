@@ -16,6 +16,15 @@ void fi_crc32_init(void);
 /* Continues crc over p[0..n); start with crc = 0. */
 uint32_t fi_crc32(uint32_t crc, const void *p, size_t n);
 
+/* The CRC of n zero bytes appended to what gave crc, computed without reading zeros
+ * (O(log n)): how the sparse tensor files' CRCs cover their holes. Async-signal-safe
+ * once fi_crc32_init ran. */
+uint32_t fi_crc32_zeros(uint32_t crc, uint64_t n);
+
+/* The CRC of A followed by B from crc1 = CRC(A), crc2 = CRC(B) and len2 = |B| (zlib's
+ * crc32_combine). */
+uint32_t fi_crc32_combine(uint32_t crc1, uint32_t crc2, uint64_t len2);
+
 /* fi_crc32 through one path (the tables where this process lacks it): for tests and
  * benchmarks. */
 uint32_t fi_crc32_with(fi_crc32_impl impl, uint32_t crc, const void *p, size_t n);

@@ -70,7 +70,36 @@ static PyObject *crc32_impls(PyObject *module, PyObject *unused)
     return t;
 }
 
+PyDoc_STRVAR(crc32_zeros_doc, "_crc32_zeros(value, n) -> int\n\n"
+                              "zlib.crc32(bytes(n), value), computed without the zeros.");
+
+static PyObject *crc32_zeros_py(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned int value;
+    unsigned long long n;
+    if (!PyArg_ParseTuple(args, "IK:_crc32_zeros", &value, &n))
+        return NULL;
+    return PyLong_FromUnsignedLong(fi_crc32_zeros(value, n));
+}
+
+PyDoc_STRVAR(crc32_combine_doc,
+             "_crc32_combine(crc1, crc2, len2) -> int\n\n"
+             "The CRC-32 of A + B from crc1 = crc32(A), crc2 = crc32(B), len(B).");
+
+static PyObject *crc32_combine_py(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned int crc1, crc2;
+    unsigned long long len2;
+    if (!PyArg_ParseTuple(args, "IIK:_crc32_combine", &crc1, &crc2, &len2))
+        return NULL;
+    return PyLong_FromUnsignedLong(fi_crc32_combine(crc1, crc2, len2));
+}
+
 static PyMethodDef crc32_methods[] = {
+    {"_crc32_zeros", crc32_zeros_py, METH_VARARGS, crc32_zeros_doc},
+    {"_crc32_combine", crc32_combine_py, METH_VARARGS, crc32_combine_doc},
     {"_crc32", (PyCFunction)(void (*)(void))crc32_py, METH_VARARGS | METH_KEYWORDS, crc32_doc},
     {"_crc32_impls", crc32_impls, METH_NOARGS, crc32_impls_doc},
     {NULL, NULL, 0, NULL},
