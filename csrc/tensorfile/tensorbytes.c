@@ -80,18 +80,34 @@ int fi_out_write(fi_out *o, const void *p, size_t n)
     return 0;
 }
 
+int fi_out_skip(fi_out *o, uint64_t n)
+{
+    if (n == 0)
+        return o->err ? -1 : 0;
+    if (o->mem) {
+        if (o->err || o->pos > o->mem_cap || n > o->mem_cap - o->pos) {
+            o->err = o->err ? o->err : ENOSPC;
+            return -1;
+        }
+        memset(o->mem + o->pos, 0, (size_t)n);
+        o->pos += n;
+        return 0;
+    }
+    if (fi_out_flush(o) < 0)
+        return -1;
+    o->pos += n;
+    o->holes = 1;
+    if (lseek(o->fd, (off_t)o->pos, SEEK_SET) < 0)
+        o->err = errno;
+    return o->err ? -1 : 0;
+}
+
 /* A quarter of this machine's L2: the block is still there for the CRC and the write. */
 #define DENSE_BLOCK ((size_t)256 << 10)
 
-int fi_out_write_dense(fi_out *o, const fi_saved_tensor *s, uint64_t n, uint32_t *crc)
+/* n bytes from p, block by block. */
+static int write_block_run(fi_out *o, const char *p, uint64_t n, uint32_t *crc, fi_stats_stream *st)
 {
-    fi_stats_stream *st = NULL;
-    if (s->stats) {
-        memset(s->stats, 0, sizeof(*s->stats));
-        if (n == s->nbytes && s->itemsize > 0)
-            st = fi_stats_stream_new(s->t.dtype, (int64_t)(n / s->itemsize));
-    }
-    const char *p = s->t.data;
     int r = 0;
     for (uint64_t left = n; left > 0 && r == 0;) {
         size_t k = left < DENSE_BLOCK ? (size_t)left : DENSE_BLOCK;
@@ -102,6 +118,60 @@ int fi_out_write_dense(fi_out *o, const fi_saved_tensor *s, uint64_t n, uint32_t
         r = fi_out_write(o, p, k);
         p += k;
         left -= k;
+    }
+    return r;
+}
+
+int64_t fi_kept_elements(const fi_saved_tensor *s, uint64_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < s->keep->n; i++) {
+        const fi_byte_range *r = &s->keep->range[i];
+        uint64_t len = r->end - r->start;
+        if (r->end > n || r->start % s->itemsize || len % s->itemsize ||
+            (i + 1 < s->keep->n && len % (8 * s->itemsize)))
+            return -1;
+        total += len;
+    }
+    return (int64_t)(total / s->itemsize);
+}
+
+int fi_out_write_dense(fi_out *o, const fi_saved_tensor *s, uint64_t n, uint32_t *crc)
+{
+    fi_stats_stream *st = NULL;
+    if (s->stats) {
+        memset(s->stats, 0, sizeof(*s->stats));
+        int64_t numel = !s->keep && n == s->nbytes && s->itemsize > 0  ? (int64_t)(n / s->itemsize)
+                        : s->keep && n == s->nbytes && s->itemsize > 0 ? fi_kept_elements(s, n)
+                                                                       : -1;
+        if (numel >= 0)
+            st = fi_stats_stream_new(s->t.dtype, numel);
+    }
+    int r = 0;
+    if (!s->keep) {
+        r = write_block_run(o, s->t.data, n, crc, st);
+    } else {
+        uint64_t at = 0;
+        const char *packed = s->keep->packed;
+        for (size_t i = 0; r == 0 && i < s->keep->n && at < n; i++) {
+            uint64_t a = s->keep->range[i].start, b = s->keep->range[i].end;
+            const char *src = packed ? packed : (const char *)s->t.data + a;
+            if (packed)
+                packed += b - a;
+            if (a < at || b > n || b <= a)
+                continue; /* not sorted and disjoint, or past the span: not written */
+            if (crc)
+                *crc = fi_crc32_zeros(*crc, a - at);
+            r = fi_out_skip(o, a - at);
+            if (r == 0)
+                r = write_block_run(o, src, b - a, crc, st);
+            at = b;
+        }
+        if (r == 0 && at < n) {
+            if (crc)
+                *crc = fi_crc32_zeros(*crc, n - at);
+            r = fi_out_skip(o, n - at);
+        }
     }
     if (st)
         fi_stats_stream_end(st, s->stats);
@@ -330,15 +400,13 @@ int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e)
     return 0;
 }
 
-/* Contiguous file data restored to the recorded strides in a new storage. */
-static PyObject *restored_tensor(const uint8_t *base, const fi_loaded_tensor *lt,
-                                 const fi_extent *e)
+PyObject *fi_zeros_bytes(uint64_t n, char **data)
 {
     PyObject *zeros = torch_attr("zeros");
     if (!zeros)
         return NULL;
     PyObject *kw = Py_BuildValue("{sO}", "dtype", fi_dtype_to_py(FI_DTYPE_U8));
-    PyObject *args = Py_BuildValue("(K)", (unsigned long long)e->restore_bytes);
+    PyObject *args = Py_BuildValue("(K)", (unsigned long long)n);
     PyObject *buf = kw && args ? PyObject_Call(zeros, args, kw) : NULL;
     Py_XDECREF(kw);
     Py_XDECREF(args);
@@ -346,12 +414,35 @@ static PyObject *restored_tensor(const uint8_t *base, const fi_loaded_tensor *lt
     if (!buf)
         return NULL;
     PyObject *ptr = PyObject_CallMethodNoArgs(buf, fi_names.data_ptr);
-    char *dst = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
+    *data = ptr ? PyLong_AsVoidPtr(ptr) : NULL;
     Py_XDECREF(ptr);
-    if (!dst) {
+    if (!*data && n > 0) {
         Py_DECREF(buf);
         return NULL;
     }
+    return buf;
+}
+
+PyObject *fi_tensor_over_bytes(PyObject *bytes, const fi_loaded_tensor *lt)
+{
+    PyObject *t = shape_view(bytes, lt, lt->stride, lt->storage_offset);
+    if (t && lt->requires_grad) {
+        PyObject *r = PyObject_CallMethod(t, "requires_grad_", "O", Py_True);
+        if (!r)
+            Py_CLEAR(t);
+        Py_XDECREF(r);
+    }
+    return t;
+}
+
+/* Contiguous file data restored to the recorded strides in a new storage. */
+static PyObject *restored_tensor(const uint8_t *base, const fi_loaded_tensor *lt,
+                                 const fi_extent *e)
+{
+    char *dst;
+    PyObject *buf = fi_zeros_bytes(e->restore_bytes, &dst);
+    if (!buf)
+        return NULL;
     fi_scatter_to_strides(dst, (const char *)base + e->offset, lt);
     return shape_view(buf, lt, lt->stride, 0);
 }

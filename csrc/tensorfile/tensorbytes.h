@@ -10,6 +10,25 @@
 
 #include "flashinfer_kernels.h"
 
+/* A byte range [start, end) of a tensor's span. */
+typedef struct {
+    uint64_t start, end;
+} fi_byte_range;
+
+/* The parts of a tensor's span a writer stores, sorted and disjoint; the bytes between
+ * them are written as holes of a sparse file (zeros that take no disk space, their CRC
+ * computed without reading them). docs/dump-format.md, "Sparse tensor files". */
+typedef struct {
+    const fi_byte_range *range;
+    size_t n;
+    /* not NULL: the parts' bytes one after another in host memory (a device tensor's parts
+     * copied to the host), read instead of the tensor's own memory */
+    const char *packed;
+    /* the parts are pages (one each) of pages_total, the page tables also naming
+     * pages_out_of_range ids outside them; pages_total -1: not pages */
+    int64_t pages_total, pages_out_of_range;
+} fi_span_keep;
+
 /* One tensor collected for writing: everything the writers need without the GIL. */
 typedef struct {
     PyObject *key_obj; /* owned: the dict key (a str) */
@@ -19,9 +38,10 @@ typedef struct {
     fi_tensor t;
     int requires_grad;
     size_t itemsize;
-    uint64_t span_bytes; /* bytes from t.data to one past the last element */
-    uint64_t nbytes;     /* numel * itemsize */
-    fi_stats *stats;     /* not NULL: fi_out_write_dense takes the level-5 statistics too */
+    uint64_t span_bytes;      /* bytes from t.data to one past the last element */
+    uint64_t nbytes;          /* numel * itemsize */
+    fi_stats *stats;          /* not NULL: fi_out_write_dense takes the level-5 statistics too */
+    const fi_span_keep *keep; /* not NULL: only these parts are written, the rest are holes */
 } fi_saved_tensor;
 
 /* Output file: errors latch into err (an errno value) so writers run without the GIL.
@@ -36,17 +56,26 @@ typedef struct {
     char *mem;
     size_t mem_cap;
     int defer_crc; /* .pt tensor records get CRC 0, filled in later (fi_ptzip_fill_crcs) */
+    int holes;     /* fi_out_skip left a hole: the file's size is set when it is closed */
 } fi_out;
 
 int fi_out_write(fi_out *o, const void *p, size_t n);
+/* Moves on n bytes without writing them: a hole in a file (zeros in memory). */
+int fi_out_skip(fi_out *o, uint64_t n);
 int fi_out_flush(fi_out *o);
 int fi_out_pwrite(fi_out *o, const void *p, size_t n, uint64_t at);
 
 /* Writes n bytes from s->t.data in cache-sized blocks, taking each block's CRC-32 (into
  * *crc, when crc is not NULL) and, where s->stats asks and the bytes are all of the
  * tensor's elements, its statistics (fi_stats_stream) while the block is hot: one pass
- * over the tensor's memory. s->stats gets kind FI_STATS_NONE when they were not taken. */
+ * over the tensor's memory. s->stats gets kind FI_STATS_NONE when they were not taken.
+ * With s->keep only its parts are read and written (their statistics are those of the
+ * elements in them), the rest skipped as holes whose zeros the CRC covers. */
 int fi_out_write_dense(fi_out *o, const fi_saved_tensor *s, uint64_t n, uint32_t *crc);
+
+/* The elements of s's kept parts (within its first n span bytes) when statistics can be
+ * streamed over them: every part but the last a multiple of 8 elements; else -1. */
+int64_t fi_kept_elements(const fi_saved_tensor *s, uint64_t n);
 
 /* A tensor description read from a file, before it becomes a torch.Tensor. */
 typedef struct {
@@ -84,6 +113,13 @@ typedef struct {
 #define FI_VIEW_FREE_ELEMENTS (1ULL << 24)
 #define FI_VIEW_MAX_ELEMENTS (1ULL << 34)
 int fi_tensor_extent(const char *path, const fi_loaded_tensor *lt, fi_extent *e);
+
+/* A new zeroed uint8 CPU tensor of n bytes; *data is its memory, for a reader to fill. */
+PyObject *fi_zeros_bytes(uint64_t n, char **data);
+
+/* lt (shape, stride, storage_offset, requires_grad) as a view over the uint8 tensor bytes,
+ * which it steals. New reference or NULL. */
+PyObject *fi_tensor_over_bytes(PyObject *bytes, const fi_loaded_tensor *lt);
 
 /* Copies the contiguous row-major elements src of lt into their strided places in dst. */
 void fi_scatter_to_strides(char *dst, const char *src, const fi_loaded_tensor *lt);

@@ -20,7 +20,7 @@
 
 /* ---- saving ---- */
 
-static void free_saved(fi_saved_tensor *ts, size_t n)
+void fi_tensors_release(fi_saved_tensor *ts, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         Py_XDECREF(ts[i].key_obj);
@@ -64,7 +64,7 @@ static PyObject *host_tensor(PyObject *value, PyObject *key)
     return t;
 }
 
-static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s)
+static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const fi_span_keep *keep)
 {
     if (!PyUnicode_Check(key)) {
         PyErr_Format(PyExc_TypeError, "tensor dict keys must be str, got %.200s",
@@ -77,9 +77,13 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s)
         return -1;
     s->key_len = (size_t)klen;
     s->key_obj = Py_NewRef(key);
-    if (!(s->obj = host_tensor(value, key)) || fi_tensor_from_py(s->obj, &s->t) < 0)
+    s->keep = keep;
+    /* a device tensor whose kept parts come packed is not copied: only its metadata is read */
+    int packed = keep && keep->packed && fi_is_tensor(value);
+    if (!(s->obj = packed ? Py_NewRef(value) : host_tensor(value, key)) ||
+        fi_tensor_from_py(s->obj, &s->t) < 0)
         return -1;
-    if (s->t.device_type != FI_DEVICE_CPU) {
+    if (s->t.device_type != FI_DEVICE_CPU && !packed) {
         PyErr_Format(PyExc_ValueError, "tensors[%R] is not on the CPU or a CUDA device", key);
         return -1;
     }
@@ -105,7 +109,8 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s)
     return 0;
 }
 
-static int collect(PyObject *dict, fi_saved_tensor **out, size_t *count)
+int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
+                       void *ctx)
 {
     Py_ssize_t n = PyDict_GET_SIZE(dict);
     fi_saved_tensor *ts = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ts));
@@ -118,11 +123,11 @@ static int collect(PyObject *dict, fi_saved_tensor **out, size_t *count)
     while (i < n && PyDict_Next(dict, &pos, &key, &value)) {
         Py_INCREF(key);
         Py_INCREF(value);
-        int r = collect_one(key, value, &ts[i++]);
+        int r = collect_one(key, value, &ts[i++], keep ? keep(ctx, value) : NULL);
         Py_DECREF(key);
         Py_DECREF(value);
         if (r < 0) {
-            free_saved(ts, (size_t)i);
+            fi_tensors_release(ts, (size_t)i);
             return -1;
         }
     }
@@ -159,6 +164,8 @@ static int write_file(const char *path, int format, const fi_saved_tensor *ts, s
     else
         fi_ptzip_write(&o, ts, n, header->data, header->len);
     fi_out_flush(&o);
+    if (o.holes && !o.err && ftruncate(fd, (off_t)o.pos) < 0) /* a hole at the end */
+        o.err = errno;
     if (close(fd) < 0 && !o.err)
         o.err = errno;
     if (!o.err && rename(tmp, path) < 0)
@@ -181,7 +188,8 @@ static void ask_for_stats(PyObject *dict, fi_saved_tensor *ts, size_t n, fi_stat
 }
 
 /* Collects dict's tensors and builds the format's header (the pickle for .pt). */
-static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, fi_buf *header)
+static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, fi_buf *header,
+                   fi_keep_fn keep, void *ctx)
 {
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "tensors must be a dict {str: Tensor}, got %.200s",
@@ -192,7 +200,7 @@ static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, 
         PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
         return -1;
     }
-    if (collect(dict, ts, n) < 0)
+    if (fi_tensors_collect(dict, ts, n, keep, ctx) < 0)
         return -1;
     fi_buf_init(header);
     int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(header, *ts, *n)
@@ -201,7 +209,7 @@ static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, 
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         fi_buf_free(header);
-        free_saved(*ts, *n);
+        fi_tensors_release(*ts, *n);
         return -1;
     }
     return 0;
@@ -215,10 +223,18 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink, void *ctx)
 {
+    fi_save_opts opts = {sink, ctx, NULL, NULL};
+    return fi_save_tensor_dict_opts(path, dict, format, &opts);
+}
+
+Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format,
+                                    const fi_save_opts *opts)
+{
     fi_saved_tensor *ts;
     size_t n;
     fi_buf header;
-    if (prepare(dict, format, &ts, &n, &header) < 0)
+    fi_stats_sink sink = opts->sink;
+    if (prepare(dict, format, &ts, &n, &header, opts->keep, opts->keep_ctx) < 0)
         return -1;
     fi_stats *stats = sink ? PyMem_Calloc(n ? n : 1, sizeof(*stats)) : NULL;
     if (stats)
@@ -230,10 +246,10 @@ Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int forma
     Py_END_ALLOW_THREADS
     for (size_t i = 0; stats && !err && i < n; i++)
         if (stats[i].kind != FI_STATS_NONE)
-            sink(ctx, ts[i].obj, &stats[i]);
+            sink(opts->sink_ctx, ts[i].obj, &stats[i]);
     PyMem_Free(stats);
     fi_buf_free(&header);
-    free_saved(ts, n);
+    fi_tensors_release(ts, n);
     if (err) {
         errno = err;
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
@@ -257,7 +273,7 @@ Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img)
     fi_saved_tensor *ts;
     size_t n;
     fi_buf header;
-    if (prepare(dict, format, &ts, &n, &header) < 0)
+    if (prepare(dict, format, &ts, &n, &header, NULL, NULL) < 0)
         return -1;
     size_t bound = image_bound(ts, n, header.len);
     if (img->cap < bound) { /* a fresh buffer: the old contents are not needed */
@@ -279,7 +295,7 @@ Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img)
         img->crc_deferred = format == FI_FORMAT_TORCH;
     }
     fi_buf_free(&header);
-    free_saved(ts, n);
+    fi_tensors_release(ts, n);
     if (err) {
         errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
@@ -369,18 +385,116 @@ PyObject *fi_load_tensor_dict(const char *path)
 /* ---- Python-facing ---- */
 
 PyDoc_STRVAR(save_tensors_doc,
-             "save_tensors(path, tensors, format='torch') -> int\n\n"
+             "save_tensors(path, tensors, format='torch', keep=None) -> int\n\n"
              "Write dict {str: Tensor} to path as a PyTorch zip (.pt, format='torch') or a\n"
-             "safetensors file; atomically (temporary file + rename). Returns bytes written.");
+             "safetensors file; atomically (temporary file + rename). Returns bytes written.\n"
+             "keep: {key: [(start, end), ...]} byte ranges of a tensor's span to write, sorted\n"
+             "and disjoint, the rest written as holes (a sparse file; zeros when read); a value\n"
+             "may be (ranges, packed): packed a uint8 CPU tensor holding the ranges' bytes one\n"
+             "after another, written instead of the tensor's own memory.");
+
+const fi_span_keep *fi_keep_map_find(void *ctx, PyObject *tensor)
+{
+    fi_keep_map *m = ctx;
+    for (Py_ssize_t i = 0; i < m->n; i++)
+        if (m->e[i].tensor == tensor)
+            return &m->e[i].keep;
+    return NULL;
+}
+
+void fi_keep_map_free(fi_keep_map *m)
+{
+    for (Py_ssize_t i = 0; m->e && i < m->n; i++)
+        PyMem_Free(m->e[i].range);
+    PyMem_Free(m->e);
+}
+
+/* One keep= value: a list of (start, end) pairs, or (that list, packed uint8 tensor). */
+static int parse_keep_value(PyObject *key, PyObject *value, PyObject *tensor, fi_keep_entry *e)
+{
+    PyObject *ranges = value, *packed = NULL;
+    if (PyTuple_Check(value) && PyTuple_GET_SIZE(value) == 2 &&
+        fi_is_tensor(PyTuple_GET_ITEM(value, 1))) {
+        ranges = PyTuple_GET_ITEM(value, 0);
+        packed = PyTuple_GET_ITEM(value, 1);
+    }
+    PyObject *seq = PySequence_Fast(ranges, "keep values must be lists of (start, end) pairs");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    e->tensor = tensor;
+    e->range = PyMem_Calloc(n ? (size_t)n : 1, sizeof(fi_byte_range));
+    int r = e->range ? 0 : -1;
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        unsigned long long a, b;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "KK", &a, &b) || b < a ||
+            (i > 0 && a < e->range[i - 1].end)) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "keep[%R]: ranges must be sorted and disjoint", key);
+            r = -1;
+            break;
+        }
+        e->range[i] = (fi_byte_range){a, b};
+        total += b - a;
+    }
+    Py_DECREF(seq);
+    e->keep = (fi_span_keep){e->range, (size_t)n, NULL, -1, 0};
+    if (r == 0 && packed) {
+        fi_tensor t;
+        if (fi_tensor_from_py(packed, &t) < 0)
+            return -1;
+        if (t.device_type != FI_DEVICE_CPU || t.dtype != FI_DTYPE_U8 ||
+            !fi_tensor_is_contiguous(&t) || (uint64_t)fi_tensor_numel(&t) != total) {
+            PyErr_Format(
+                PyExc_ValueError,
+                "keep[%R]: packed must be a contiguous uint8 CPU tensor of the ranges' %llu bytes",
+                key, (unsigned long long)total);
+            return -1;
+        }
+        e->keep.packed = t.data;
+    }
+    return r;
+}
+
+int fi_keep_map_parse(PyObject *keep, PyObject *dict, fi_keep_map *m)
+{
+    m->e = NULL;
+    m->n = 0;
+    if (!keep || keep == Py_None)
+        return 0;
+    if (!PyDict_Check(keep) || !PyDict_Check(dict)) {
+        PyErr_SetString(PyExc_TypeError, "keep must be a dict {key: ranges}");
+        return -1;
+    }
+    m->e = PyMem_Calloc((size_t)PyDict_GET_SIZE(keep) + 1, sizeof(fi_keep_entry));
+    if (!m->e) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(keep, &pos, &key, &value)) {
+        PyObject *tensor = PyDict_GetItemWithError(dict, key);
+        if (!tensor) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_KeyError, "keep[%R]: no such tensor", key);
+            return -1;
+        }
+        if (parse_keep_value(key, value, tensor, &m->e[m->n++]) < 0)
+            return -1;
+    }
+    return 0;
+}
 
 static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     (void)module;
-    static char *kwlist[] = {"path", "tensors", "format", NULL};
-    PyObject *path = NULL, *dict;
+    static char *kwlist[] = {"path", "tensors", "format", "keep", NULL};
+    PyObject *path = NULL, *dict, *keep = NULL;
     const char *format = "torch";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|s:save_tensors", kwlist,
-                                     PyUnicode_FSConverter, &path, &dict, &format))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O|sO:save_tensors", kwlist,
+                                     PyUnicode_FSConverter, &path, &dict, &format, &keep))
         return NULL;
     int f = strcmp(format, "torch") == 0         ? FI_FORMAT_TORCH
             : strcmp(format, "safetensors") == 0 ? FI_FORMAT_SAFETENSORS
@@ -390,7 +504,12 @@ static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs
         return PyErr_Format(PyExc_ValueError, "format must be 'torch' or 'safetensors', got '%s'",
                             format);
     }
-    Py_ssize_t n = fi_save_tensor_dict(PyBytes_AS_STRING(path), dict, f);
+    fi_keep_map m;
+    Py_ssize_t n = -1;
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m};
+    if (fi_keep_map_parse(keep, dict, &m) == 0)
+        n = fi_save_tensor_dict_opts(PyBytes_AS_STRING(path), dict, f, &opts);
+    fi_keep_map_free(&m);
     Py_DECREF(path);
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }

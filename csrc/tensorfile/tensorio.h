@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "flashinfer_kernels.h"
+#include "tensorbytes.h"
 
 enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
 
@@ -24,6 +25,47 @@ typedef void (*fi_stats_sink)(void *ctx, PyObject *tensor, const fi_stats *stats
  * whole. */
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink, void *ctx);
+
+/* Which parts of a dict value's span a sparse file keeps (NULL: all of it); ctx is the
+ * caller's. The result must stay valid until the save returns. */
+typedef const fi_span_keep *(*fi_keep_fn)(void *ctx, PyObject *tensor);
+
+/* What a save does besides writing its format: sink(sink_ctx, ...) gets the statistics
+ * taken on the way (NULL: none are asked for), and keep(keep_ctx, tensor) names the parts of
+ * each tensor's span to write, the rest as holes (docs/dump-format.md, "Sparse tensor
+ * files"; NULL: every tensor whole); the statistics are then those of the kept elements. */
+typedef struct {
+    fi_stats_sink sink;
+    void *sink_ctx;
+    fi_keep_fn keep;
+    void *keep_ctx;
+} fi_save_opts;
+
+Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format,
+                                    const fi_save_opts *opts);
+
+/* dict's tensors collected for a writer (CUDA ones copied to the host unless their kept
+ * parts come packed), each with its keep; release them with fi_tensors_release. */
+int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
+                       void *ctx);
+void fi_tensors_release(fi_saved_tensor *ts, size_t n);
+
+/* keep= of save_tensors and CompactWriter.save: {key: [(start, end), ...] or (ranges,
+ * packed uint8 tensor)} parsed against dict; fi_keep_map_find is its fi_keep_fn. */
+typedef struct {
+    PyObject *tensor;
+    fi_byte_range *range;
+    fi_span_keep keep;
+} fi_keep_entry;
+
+typedef struct {
+    fi_keep_entry *e;
+    Py_ssize_t n;
+} fi_keep_map;
+
+int fi_keep_map_parse(PyObject *keep, PyObject *dict, fi_keep_map *m);
+void fi_keep_map_free(fi_keep_map *m);
+const fi_span_keep *fi_keep_map_find(void *ctx, PyObject *tensor);
 
 /* A whole tensor file built in memory: data[0..len), data malloc'd with room for cap. */
 typedef struct {
