@@ -25,7 +25,7 @@ FI_VERSION := 0.7.2.post1
 # flashinfer-bench, whose loader reads what `dumps --export-bench` writes (docs/replay.md).
 FI_BENCH_VERSION := 0.1.2
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
-	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c)
+	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c kernels/cpu/chunk_hash.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test fuzz \
 	fuzz-tools fuzz-run-python gpu-check clean
@@ -163,9 +163,10 @@ fuzz-tools: venv
 $(FUZZ_DIR)/obj/%.o: csrc/tensorfile/%.c csrc/tensorfile/*.h | fuzz-tools
 	clang $(FUZZ_CFLAGS) -I$(PY_INCLUDE) -c $< -o $@
 
-# the writers take level-5 statistics while they write (fi_out_write_dense): the CPU kernel
-FUZZ_OBJS += $(FUZZ_DIR)/obj/kernel_stats.o
-$(FUZZ_DIR)/obj/kernel_stats.o: kernels/cpu/stats.c kernels/include/*.h | fuzz-tools
+# the writers take level-5 statistics while they write (fi_out_write_dense), and the chunk
+# store hashes chunks: the CPU kernels
+FUZZ_OBJS += $(FUZZ_DIR)/obj/kernel_stats.o $(FUZZ_DIR)/obj/kernel_chunk_hash.o
+$(FUZZ_DIR)/obj/kernel_%.o: kernels/cpu/%.c kernels/include/*.h | fuzz-tools
 	clang $(FUZZ_CFLAGS) -c $< -o $@
 
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJS)

@@ -204,8 +204,8 @@ def extension(root, name, sources, cuda_sources):
     return ext
 
 
-CORE_KERNELS = ["kernels/cpu/stats.c"]
-CORE_CUDA = ["kernels/cuda/common.cu", "kernels/cuda/stats.cu"]
+CORE_KERNELS = ["kernels/cpu/stats.c", "kernels/cpu/chunk_hash.c"]
+CORE_CUDA = ["kernels/cuda/common.cu", "kernels/cuda/stats.cu", "kernels/cuda/chunk_hash.cu"]
 
 
 def core_extension(root):

@@ -430,6 +430,32 @@ int fi_stats_cuda_supports(fi_dtype dtype);
  * tensor)" / "... (all non-finite) nan=... inf=..."; no allocation, no host wait. */
 int fi_stats_cuda_deferred(const fi_tensor *t, void *stream, long long id);
 
+/* ---- Chunk hashes ------------------------------------------------------------------
+ * The flight recorder stores large tensors once by content, in chunks of at most
+ * FI_CHUNK_MAX bytes (docs/dump-format.md, "Chunk store"). A chunk's hash is a keyed
+ * NH hash iterated four times with Toeplitz-shifted keys: 256 bits, and for two distinct
+ * chunks of the same length a collision probability of at most 2^-128 over the random
+ * key. key holds FI_CHUNK_KEY_WORDS random words (one key per process, never written
+ * anywhere). Every path gives the same bits. */
+
+#define FI_CHUNK_MAX ((size_t)64 << 10)
+#define FI_CHUNK_KEY_WORDS (FI_CHUNK_MAX / 4 + 12)
+
+typedef struct {
+    uint64_t h[4];
+} fi_chunk_hash;
+
+/* The hash of data[0..len) (len <= FI_CHUNK_MAX), on the widest SIMD path fi_cpu_isa
+ * allows; needs neither the GIL nor Python. */
+void fi_chunk_hash_cpu(const void *data, size_t len, const uint32_t *key, fi_chunk_hash *out);
+
+/* The same for n chunks of device memory on stream (FI_WITH_CUDA): chunk i is
+ * base[offsets[i] .. offsets[i] + lengths[i]) (lengths at most FI_CHUNK_MAX); offsets,
+ * lengths, key and out (4 words per chunk) are device memory. Enqueues one kernel, no
+ * host wait. Returns 0, or nonzero with fi_cuda_last_error() saying why. */
+int fi_chunk_hash_cuda(const void *base, const int64_t *offsets, const int64_t *lengths, int64_t n,
+                       const uint32_t *key, uint64_t *out, int device, void *stream);
+
 /* ---- CUDA helpers ----------------------------------------------------------------
  * Built only with the CUDA kernels (FI_WITH_CUDA). Functions return 0, or nonzero with
  * the reason in fi_cuda_last_error() (per host thread). */

@@ -1,0 +1,227 @@
+/* chunkstore.c: chunks stored once by content: a hash table of refcounted chunks keyed by
+ * length and keyed hash, their bytes in buffers recycled through a free list (a fresh
+ * buffer per chunk would fault in new pages on every call), and the pack record writer. */
+#include "chunkstore.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* Full-size buffers kept for reuse when their chunks go: up to 16 MiB of them. */
+#define FREE_MAX 256
+
+struct fi_chunk_store {
+    uint32_t key[FI_CHUNK_KEY_WORDS];
+    int keep_data;
+    fi_chunk **bucket;
+    size_t nbuckets, count, bytes;
+    uint64_t next_id;
+    char *free_buf[FREE_MAX];
+    int nfree;
+};
+
+/* Random key words from the kernel (getrandom, else /dev/urandom). 0 or -1. */
+static int draw_key(uint32_t *key, size_t n)
+{
+    char *p = (char *)key;
+    size_t left = n * sizeof(uint32_t);
+    while (left > 0) {
+        ssize_t k = getrandom(p, left, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        p += k;
+        left -= (size_t)k;
+    }
+    if (left == 0)
+        return 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && left > 0) {
+        ssize_t k = read(fd, p, left);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        p += k;
+        left -= (size_t)k;
+    }
+    if (fd >= 0)
+        close(fd);
+    return left == 0 ? 0 : -1;
+}
+
+fi_chunk_store *fi_chunk_store_new(int keep_data)
+{
+    fi_chunk_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->keep_data = keep_data;
+    s->nbuckets = 1024;
+    s->bucket = calloc(s->nbuckets, sizeof(fi_chunk *));
+    s->next_id = 1;
+    if (!s->bucket || draw_key(s->key, FI_CHUNK_KEY_WORDS) < 0) {
+        free(s->bucket);
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void fi_chunk_store_free(fi_chunk_store *s)
+{
+    if (!s)
+        return;
+    for (size_t b = 0; b < s->nbuckets; b++) {
+        for (fi_chunk *c = s->bucket[b], *next; c; c = next) {
+            next = c->next;
+            free(c->data);
+            free(c);
+        }
+    }
+    for (int i = 0; i < s->nfree; i++)
+        free(s->free_buf[i]);
+    free(s->bucket);
+    memset(s->key, 0, sizeof s->key);
+    free(s);
+}
+
+const uint32_t *fi_chunk_store_key(const fi_chunk_store *s) { return s->key; }
+
+void fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h)
+{
+    fi_chunk_hash_cpu(data, len, s->key, h);
+}
+
+size_t fi_chunk_store_bytes(const fi_chunk_store *s) { return s->bytes; }
+size_t fi_chunk_store_count(const fi_chunk_store *s) { return s->count; }
+
+/* The hash is keyed and random, so its first word spreads chunks over the buckets. */
+static size_t bucket_of(const fi_chunk_store *s, const fi_chunk_hash *h)
+{
+    return (size_t)(h->h[0] ^ (h->h[0] >> 29)) & (s->nbuckets - 1);
+}
+
+static void grow(fi_chunk_store *s)
+{
+    size_t n = s->nbuckets * 2;
+    fi_chunk **b = calloc(n, sizeof(fi_chunk *));
+    if (!b)
+        return; /* longer chains, still correct */
+    fi_chunk **old = s->bucket;
+    size_t old_n = s->nbuckets;
+    s->bucket = b;
+    s->nbuckets = n;
+    for (size_t i = 0; i < old_n; i++) {
+        for (fi_chunk *c = old[i], *next; c; c = next) {
+            next = c->next;
+            size_t k = bucket_of(s, &c->hash);
+            c->next = b[k];
+            b[k] = c;
+        }
+    }
+    free(old);
+}
+
+static char *take_buffer(fi_chunk_store *s, size_t len)
+{
+    if (len == FI_CHUNK_MAX && s->nfree > 0)
+        return s->free_buf[--s->nfree];
+    return malloc(len ? len : 1);
+}
+
+static void give_buffer(fi_chunk_store *s, char *p, size_t len)
+{
+    if (len == FI_CHUNK_MAX && s->nfree < FREE_MAX)
+        s->free_buf[s->nfree++] = p;
+    else
+        free(p);
+}
+
+fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h,
+                       int *added)
+{
+    *added = 0;
+    size_t k = bucket_of(s, h);
+    for (fi_chunk *c = s->bucket[k]; c; c = c->next) {
+        if (c->len == len && memcmp(&c->hash, h, sizeof *h) == 0) {
+            c->refs++;
+            return c;
+        }
+    }
+    fi_chunk *c = calloc(1, sizeof(*c));
+    if (!c)
+        return NULL;
+    if (s->keep_data) {
+        c->data = take_buffer(s, len);
+        if (!c->data) {
+            free(c);
+            return NULL;
+        }
+        memcpy(c->data, data, len);
+    }
+    c->hash = *h;
+    c->len = (uint32_t)len;
+    c->id = s->next_id++;
+    c->refs = 1;
+    c->pack = -1;
+    c->next = s->bucket[k];
+    s->bucket[k] = c;
+    s->count++;
+    s->bytes += len;
+    *added = 1;
+    if (s->count > 2 * s->nbuckets)
+        grow(s);
+    return c;
+}
+
+void fi_chunk_release(fi_chunk_store *s, fi_chunk *c)
+{
+    if (!c || --c->refs > 0)
+        return;
+    fi_chunk **p = &s->bucket[bucket_of(s, &c->hash)];
+    while (*p && *p != c)
+        p = &(*p)->next;
+    if (*p)
+        *p = c->next;
+    s->count--;
+    s->bytes -= c->len;
+    if (c->data)
+        give_buffer(s, c->data, c->len);
+    free(c);
+}
+
+/* ------------------------------------------------------------------ packs */
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static int write_all_raw(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int fi_chunk_pack_write(int fd, const fi_chunk *c, const void *data)
+{
+    uint8_t h[FI_PACK_HEADER] = {'F', 'I', 'c', 'k'};
+    put_le(h + 4, c->len, 4);
+    put_le(h + 8, c->id, 8);
+    if (write_all_raw(fd, (const char *)h, sizeof h) < 0)
+        return -1;
+    return write_all_raw(fd, data, c->len);
+}
