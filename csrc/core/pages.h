@@ -1,0 +1,76 @@
+/* pages.h: which pages of a paged KV cache a call reads (docs/flight-recorder.md, "Page-aware
+ * capture"): one table of what each API's page tables are, and the referenced page set
+ * computed from them. A tensor whose pages are not known is recorded whole. */
+#ifndef FI_PAGES_H
+#define FI_PAGES_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+/* The pages a call reads of one paged tensor (dim 0 = page): sorted, unique, within
+ * [0, total). out_of_range counts the page-table entries outside it, which the call's
+ * recorded page tables keep as they came (the bug a replay reproduces). */
+typedef struct {
+    int64_t *page;
+    int64_t n, total, out_of_range;
+} fi_page_set;
+
+void fi_page_set_free(fi_page_set *s);
+
+/* A paged tensor of a call and its pages. */
+typedef struct {
+    PyObject *tensor; /* borrowed from the call's arguments */
+    fi_page_set pages;
+} fi_paged_tensor;
+
+/* The paged tensors of a call (free with fi_paged_free). */
+typedef struct {
+    fi_paged_tensor *item;
+    int n;
+} fi_paged;
+
+void fi_paged_free(fi_paged *p);
+
+/* The pages of tensor in p, or NULL when it is not a paged tensor with known pages. */
+const fi_page_set *fi_paged_find(const fi_paged *p, PyObject *tensor);
+
+/* A call's arguments as the decorator got them: positional (self first for methods) and
+ * keyword, with the wrapped function's positional parameter names to resolve them. */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t nargs;
+    PyObject *kwnames;
+    PyObject *const *param_names; /* str, in signature order; may be shorter than nargs */
+    Py_ssize_t nparams;
+} fi_call_args;
+
+/* The argument bound to parameter name, borrowed; NULL (no exception) when not passed. */
+PyObject *fi_call_arg(const fi_call_args *a, const char *name);
+
+typedef struct fi_pages_api fi_pages_api;
+
+/* The table entry for a function (by its __qualname__), or NULL: most APIs read no pages. */
+const fi_pages_api *fi_pages_api_of(PyObject *func);
+
+/* Whether the entry is a plan (it remembers page tables for later calls on its object). */
+int fi_pages_is_plan(const fi_pages_api *api);
+
+/* A plan: remembers the page tables of the call in memo (a dict the caller owns, keyed by
+ * id(self)) for the calls on self that follow. Index tensors on a GPU are copied to the
+ * host. -1 with an exception set; a plan whose tables are unreadable forgets self's. */
+int fi_pages_note_plan(PyObject *memo, const fi_pages_api *api, PyObject *self,
+                       const fi_call_args *a);
+
+/* The paged tensors of a call that reads pages and their page sets: from the call's own
+ * page tables, or from the last plan on self in memo. A tensor whose pages cannot be
+ * told (no plan, unreadable tables) is left out: it is recorded whole. -1 with an
+ * exception set. */
+int fi_pages_of_call(PyObject *memo, const fi_pages_api *api, PyObject *self, const fi_call_args *a,
+                     fi_paged *out);
+
+/* Adds _page_sets (test hook) to the module. */
+int fi_pages_exec(PyObject *module);
+
+#endif
