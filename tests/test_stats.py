@@ -437,3 +437,33 @@ def test_contiguous_float32_mean_is_bit_identical_to_the_eight_lane_order(n):
     got = _C.tensor_stats(t)
     assert got["mean"] == _eight_lane_sum(values) / n
     assert (got["min"], got["max"]) == (min(values), max(values))
+
+
+def _sixteen_bit_lane_sum(values):
+    """The 16-bit kernels' order: of each group of eight elements, lanes 0-3 take elements
+    0, 2, 4, 6 and lanes 4-7 elements 1, 3, 5, 7; then the eight-lane reduction and tail."""
+    body = len(values) // 8 * 8
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    permuted = [values[g + k] for g in range(0, body, 8) for k in order]
+    return _eight_lane_sum(permuted + list(values[body:]))
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [16, 24, 31, 1000, 65536 * 2 + 8 * 3 + 5])
+def test_sixteen_bit_mean_is_the_same_on_every_path(monkeypatch, isa, dtype, n):
+    """The AVX2 path (pairs of eight-element groups in 256-bit registers) keeps the 128-bit
+    code's lanes and order: the same bits, with NaN and Inf counted alike."""
+    monkeypatch.setenv("FLASHINFER_CPU_ISA", isa)
+    g = torch.Generator().manual_seed(n)
+    t = (torch.randn(n, generator=g) * 100).to(dtype)
+    t[n // 3] = float("nan")
+    values = [v for v in t.float().tolist()]
+    clean = [0.0 if v != v else v for v in values]
+    got = _C.tensor_stats(t)
+    assert got["mean"] == _sixteen_bit_lane_sum(clean) / (n - 1)  # over the non-NaN ones
+    assert got["nan_count"] == 1
+    finite = [v for v in values if v == v]
+    assert (got["min"], got["max"]) == (min(finite), max(finite))
+    t[n // 2] = float("inf")
+    assert _C.tensor_stats(t)["inf_count"] == 1

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_simd.h"
 #include "fi_numeric.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -392,7 +393,80 @@ __attribute__((target("avx2"))) static int64_t f32_lanes_run_avx2(float_lanes *s
     _mm256_storeu_pd(s->sum + 4, sum1);
     return i;
 }
+
+/* float_lanes_run for contiguous float16 or bfloat16 in 256-bit registers: each group of
+ * eight elements feeds the same lanes as the 128-bit code (elements 0, 2, 4, 6 to lanes
+ * 0-3 and 1, 3, 5, 7 to lanes 4-7), groups in order, so the statistics are bit-identical;
+ * float16 widens with F16C (exact, as the portable conversion). Returns the count done. */
+__attribute__((target("avx2,f16c"))) static int64_t
+half_lanes_run_avx2(float_lanes *s, float_acc *a, const char *p, int64_t n, int kind)
+{
+    __m256 lo = _mm256_loadu_ps(s->lo), hi = _mm256_loadu_ps(s->hi);
+    __m256d sum0 = _mm256_loadu_pd(s->sum), sum1 = _mm256_loadu_pd(s->sum + 4);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 inf = _mm256_set1_ps(INFINITY);
+    const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
+    /* the even halves of 16 bytes, then the odd ones */
+    const __m128i evens_odds = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    int64_t i = 0;
+    while (n - i >= 16) {
+        int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)15);
+        __m256i nan_count = _mm256_setzero_si256(), inf_count = _mm256_setzero_si256();
+        for (; i < stop; i += 16) {
+            __m256 g[2];
+            if (kind == LOAD_BF16) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i));
+                __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+                __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(w, high_half));
+                g[0] = _mm256_permute2f128_ps(even, odd, 0x20);
+                g[1] = _mm256_permute2f128_ps(even, odd, 0x31);
+            } else {
+                for (int k = 0; k < 2; k++) {
+                    __m128i h =
+                        _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * i + 16 * k));
+                    g[k] = _mm256_cvtph_ps(_mm_shuffle_epi8(h, evens_odds));
+                }
+            }
+            for (int k = 0; k < 2; k++) {
+                __m256 v = g[k];
+                __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+                __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(v, abs_mask), inf, _CMP_EQ_OQ);
+                lo = _mm256_min_ps(v, lo);
+                hi = _mm256_max_ps(v, hi);
+                __m256 clean = _mm256_andnot_ps(is_nan, v);
+                sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(clean)));
+                sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(clean, 1)));
+                nan_count = _mm256_sub_epi32(nan_count, _mm256_castps_si256(is_nan));
+                inf_count = _mm256_sub_epi32(inf_count, _mm256_castps_si256(is_inf));
+            }
+        }
+        int32_t nans[8], infs[8];
+        _mm256_storeu_si256((__m256i *)(void *)nans, nan_count);
+        _mm256_storeu_si256((__m256i *)(void *)infs, inf_count);
+        for (int j = 0; j < 8; j++) {
+            a->nan += nans[j];
+            a->inf += infs[j];
+        }
+    }
+    _mm256_storeu_ps(s->lo, lo);
+    _mm256_storeu_ps(s->hi, hi);
+    _mm256_storeu_pd(s->sum, sum0);
+    _mm256_storeu_pd(s->sum + 4, sum1);
+    return i;
+}
 #endif
+
+/* float_lanes_run over contiguous float16/bfloat16: pairs of groups in 256-bit registers
+ * where the CPU has AVX2 and F16C, the last group (if any) in the 128-bit code. */
+static int64_t half_lanes_run(float_lanes *s, float_acc *a, const char *p, int64_t n, int kind)
+{
+    int64_t done = 0;
+#ifdef FI_HAVE_AVX2_ROW
+    if (fi_cpu_isa() >= FI_ISA_AVX2) /* FLASHINFER_CPU_ISA=portable: the 128-bit code */
+        done = half_lanes_run_avx2(s, a, p, n, kind);
+#endif
+    return done + float_lanes_run(s, a, p + 2 * done, n - done, 2, kind);
+}
 
 /* float_lanes_run over contiguous float32, in 256-bit registers where the CPU has them. */
 static int64_t f32_lanes_run(float_lanes *s, float_acc *a, const char *p, int64_t n)
@@ -421,10 +495,25 @@ static void row_f32(void *a, const char *p, int64_t n, int64_t step)
     }
 }
 
+/* A contiguous float16/bfloat16 row: half_lanes_run, then the tail one by one. */
+static void half_row(void *a, const char *p, int64_t n, int kind)
+{
+    if (n < 16) {
+        float_row(a, p, n, 2, kind);
+        return;
+    }
+    float_lanes s;
+    float_lanes_init(&s);
+    int64_t i = half_lanes_run(&s, a, p, n, kind);
+    float_lanes_reduce(&s, a);
+    for (; i < n; i++)
+        float_acc_add(a, load_f32(p + i * 2, kind));
+}
+
 static void row_f16(void *a, const char *p, int64_t n, int64_t step)
 {
     if (step == 2)
-        float_row(a, p, n, 2, LOAD_F16);
+        half_row(a, p, n, LOAD_F16);
     else
         float_row(a, p, n, step, LOAD_F16);
 }
@@ -432,7 +521,7 @@ static void row_f16(void *a, const char *p, int64_t n, int64_t step)
 static void row_bf16(void *a, const char *p, int64_t n, int64_t step)
 {
     if (step == 2)
-        float_row(a, p, n, 2, LOAD_BF16);
+        half_row(a, p, n, LOAD_BF16);
     else
         float_row(a, p, n, step, LOAD_BF16);
 }
@@ -817,10 +906,8 @@ void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes)
     int64_t n = (int64_t)nbytes / esize, done;
     if (s->kind == LOAD_F32)
         done = f32_lanes_run(&s->lanes, &s->acc, p, n);
-    else if (s->kind == LOAD_F16)
-        done = float_lanes_run(&s->lanes, &s->acc, p, n, 2, LOAD_F16);
     else
-        done = float_lanes_run(&s->lanes, &s->acc, p, n, 2, LOAD_BF16);
+        done = half_lanes_run(&s->lanes, &s->acc, p, n, s->kind);
     s->tail = (const char *)p + done * esize;
     s->tail_n = n - done;
 }
