@@ -439,16 +439,39 @@ def _write_json(path, data):
     help="With --coverage or --export-bench: also resolve @flashinfer_api functions of "
     "modules matching PATTERN (as replay's option).",
 )
-def dumps(dump_dir, as_json, coverage, export_bench, allow_modules):
+@click.option(
+    "--export",
+    nargs=2,
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="SRC OUT",
+    help="Write the session at SRC (compact layout) to the new folder OUT in FlashInfer's "
+    "layout: one .pt per manifest, holes for unrecorded pages.",
+)
+def dumps(dump_dir, as_json, coverage, export_bench, allow_modules, export):
     """Summarise a recorded session: calls per API, completed, exception and crashed calls,
-    and the flight recorder's triggers (the triggering call is marked).
+    and the flight recorder's triggers (the triggering call is marked). With --export SRC
+    OUT, convert a compact-layout session into FlashInfer's layout instead
+    (docs/dump-format.md).
 
     --coverage lists how each recorded API can be checked here; --export-bench D OUT
-    writes the calls as flashinfer-bench workloads (no --dir needed).
+    writes the calls as flashinfer-bench workloads (neither, nor --export, needs --dir).
 
-    Exit status: 0 when the session was read, 1 when it cannot be read (a one-line error
-    says why), 2 for bad arguments or a missing directory.
+    Exit status: 0 when the session was read (or exported), 1 when it cannot be read or
+    exported (a one-line error says why), 2 for bad arguments or a missing directory.
     """
+    if export:
+        from .export import export_session
+
+        try:
+            n = export_session(*export)
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(
+            f"Exported {n['calls']} calls ({n['converted']} manifests as .pt) from "
+            f"{export[0]} to {export[1]}"
+        )
+        return
     if export_bench is not None or coverage:
         from .reference_cli import dumps_coverage, dumps_export_bench
 

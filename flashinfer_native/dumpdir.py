@@ -20,6 +20,7 @@ from . import record as rec
 from .record import field_problem, parse_record
 
 __all__ = [
+    "CHUNKS_SUFFIX",
     "METADATA_FILE",
     "find_dump_dirs",
     "load_tensor_file",
@@ -38,6 +39,8 @@ __all__ = [
 
 METADATA_FILE = "metadata.jsonl"
 SESSION_FILE = "session.jsonl"
+# the compact layout's manifest of a call's tensors, in place of inputs.pt / outputs.pt
+CHUNKS_SUFFIX = ".chunks.json"
 _DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
 
 
@@ -223,7 +226,7 @@ def load_tensor_file(path):
     """
     refuse_link(path)
     try:
-        tensors = _C.load_tensors(path)
+        tensors = _C.load_chunks(path) if path.endswith(CHUNKS_SUFFIX) else _C.load_tensors(path)
     except Exception as exc:
         if path in str(exc):
             raise
@@ -239,10 +242,16 @@ def load_tensor_file(path):
 
 def tensor_file(dump_dir, stem, record):
     """Path of the inputs/outputs file, preferring the recorded ``tensor_format``; None if
-    absent. Whatever is there is returned (the reader refuses what is not a regular file)."""
-    order = [".pt", ".safetensors"]
-    if record.get("tensor_format") == "safetensors":
-        order.reverse()
+    absent. Whatever is there is returned (the reader refuses what is not a regular file).
+    The compact layout's manifest (``inputs.chunks.json``, docs/dump-format.md) is read
+    like a tensor file."""
+    order = [".pt", ".safetensors", CHUNKS_SUFFIX]
+    first = {"safetensors": ".safetensors", "chunks": CHUNKS_SUFFIX}.get(
+        record.get("tensor_format")
+    )
+    if first:
+        order.remove(first)
+        order.insert(0, first)
     for ext in order:
         path = os.path.join(dump_dir, stem + ext)
         if os.path.lexists(path):

@@ -1,0 +1,73 @@
+"""A small vLLM-shaped decode loop for the recorder's tests (benchmarks/bench_serving.py is
+the full-size one): layers of paged KV caches, one plan and a run per layer a step, each step
+appending one token per sequence into the cache with plain torch indexing."""
+
+import torch
+
+import flashinfer
+
+
+def run(
+    steps=3,
+    layers=2,
+    pages=64,
+    page_size=4,
+    kv_heads=2,
+    qo_heads=4,
+    head_dim=64,
+    batch=3,
+    tokens=9,
+    dtype=torch.bfloat16,
+    stale=None,
+    bad_page=None,
+    seed=0,
+):
+    """Runs the loop; returns the outputs of every run call, in order.
+
+    stale(step, caches, referenced): called before each step to change pages the step does
+    not read. bad_page: an out-of-range page id given to the last sequence's table."""
+    gen = torch.Generator().manual_seed(seed)
+    caches = [
+        torch.randn(pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+        for _ in range(layers)
+    ]
+    free = torch.randperm(pages, generator=gen).tolist()
+    lengths = [tokens + i for i in range(batch)]
+    tables = [[free.pop() for _ in range((n + page_size - 1) // page_size)] for n in lengths]
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024), "NHD")
+    outs = []
+    for step in range(steps):
+        for b in range(batch):
+            if lengths[b] % page_size == 0:
+                tables[b].append(free.pop())
+            slot = lengths[b] % page_size
+            lengths[b] += 1
+            for cache in caches:
+                cache[tables[b][-1], :, slot] = torch.randn(
+                    2, kv_heads, head_dim, generator=gen
+                ).to(dtype)
+        referenced = sorted({p for t in tables for p in t})
+        if stale:
+            stale(step, caches, referenced)
+        ids = [p for t in tables for p in t]
+        if bad_page is not None:
+            ids[-1] = bad_page
+        indptr = torch.tensor(
+            [0] + [sum(len(t) for t in tables[: b + 1]) for b in range(batch)], dtype=torch.int32
+        )
+        last = torch.tensor([(n - 1) % page_size + 1 for n in lengths], dtype=torch.int32)
+        wrapper.plan(
+            indptr,
+            torch.tensor(ids, dtype=torch.int32),
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            kv_data_type=dtype,
+        )
+        for layer in range(layers):
+            q = torch.randn(batch, qo_heads, head_dim, generator=gen).to(dtype)
+            outs.append(wrapper.run(q, caches[layer]))
+    return outs
