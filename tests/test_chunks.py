@@ -170,3 +170,17 @@ def test_a_pack_cut_short_loses_only_its_last_chunks(tmp_path):
     os.truncate(p, os.path.getsize(p) - 100)
     with pytest.raises(ValueError, match="not in its pack"):
         _C.load_chunks(write_manifest(tmp_path, doc))
+
+
+def test_links_inside_a_dump_are_not_followed(tmp_path):
+    doc = good_manifest(tmp_path)
+    (pack,) = pack_files(str(tmp_path))
+    os.rename(tmp_path / "chunks" / pack, tmp_path / "elsewhere.pack")
+    os.symlink(tmp_path / "elsewhere.pack", tmp_path / "chunks" / pack)
+    path = write_manifest(tmp_path, doc)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        _C.load_chunks(path)
+    os.rename(path, tmp_path / "m.json")
+    os.symlink(tmp_path / "m.json", path)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        _C.load_chunks(path)

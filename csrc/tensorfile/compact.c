@@ -448,11 +448,13 @@ static int open_pack(const char *manifest, const char *dir, const char *name, pa
         return -1;
     }
     snprintf(path, n, "%s/%s", dir, name);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     struct stat st;
     int r = -1;
     if (fd < 0 || fstat(fd, &st) < 0) {
-        PyErr_Format(PyExc_ValueError, "%s: pack %s: %s", manifest, path, strerror(errno));
+        PyErr_Format(PyExc_ValueError, "%s: pack %s: %s", manifest, path,
+                     errno == ELOOP ? "is a symbolic link; links inside a dump are not followed"
+                                    : strerror(errno));
         goto done;
     }
     if (!S_ISREG(st.st_mode)) {
@@ -513,10 +515,14 @@ static const struct rec *find_rec(const pack_view *pv, uint64_t id)
 /* The bytes of a regular file of at most limit bytes, as a Python bytes object. */
 static PyObject *read_small_file(const char *path, size_t limit)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0) {
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        if (errno == ELOOP)
+            PyErr_Format(PyExc_ValueError,
+                         "%s: is a symbolic link; links inside a dump are not followed", path);
+        else
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
         if (fd >= 0)
             close(fd);
         return NULL;
