@@ -3,12 +3,14 @@
 #ifndef FI_CALL_H
 #define FI_CALL_H
 
+#include "pages.h"
 #include "stats.h"
 
 typedef struct {
     const char *api_name; /* "Cls.method" or "func" */
     int level;            /* the log level in force (0, 1, 3, 5, 10) */
     fi_stats_memo stats;  /* statistics taken of this call's tensors so far */
+    fi_paged paged;       /* the pages its paged tensors are read at (pages.h), if known */
 } fi_call;
 
 /* A call at level with no statistics taken yet; fi_call_end releases what it kept. */
@@ -16,9 +18,16 @@ static inline void fi_call_begin(fi_call *call, const char *api_name, int level)
 {
     call->api_name = api_name;
     call->level = level;
+    call->paged.item = NULL;
+    call->paged.n = 0;
     fi_stats_memo_init(&call->stats);
+    call->stats.paged = &call->paged;
 }
 
-static inline void fi_call_end(fi_call *call) { fi_stats_memo_clear(&call->stats); }
+static inline void fi_call_end(fi_call *call)
+{
+    fi_stats_memo_clear(&call->stats);
+    fi_paged_free(&call->paged);
+}
 
 #endif

@@ -171,7 +171,15 @@ static int ring_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
     env_ll("FLASHINFER_DUMP_RING", 1, LLONG_MAX, "0 (no ring)", &cfg->ring, warn, ctx);
     env_size_gb("FLASHINFER_DUMP_RING_MAX_GB", "4", &cfg->ring_max_gb, warn, ctx);
     env_ll("FLASHINFER_DUMP_MAX_TRIGGERS", 0, LLONG_MAX, "1", &cfg->max_triggers, warn, ctx);
-    const char *v = env_or_null("FLASHINFER_DUMP_ON");
+    const char *v = env_or_null("FLASHINFER_DUMP_LAYOUT");
+    if (v && strcasecmp(v, "flashinfer") == 0)
+        cfg->layout = FI_LAYOUT_FLASHINFER;
+    else if (v && strcasecmp(v, "compact") == 0)
+        cfg->layout = FI_LAYOUT_COMPACT;
+    else if (v)
+        warn(ctx, "FLASHINFER_DUMP_LAYOUT", v,
+             "flashinfer for plain level 10, compact for the rings");
+    v = env_or_null("FLASHINFER_DUMP_ON");
     return v ? parse_triggers(cfg, v, warn, ctx) : 0;
 }
 

@@ -20,6 +20,11 @@ enum {
     FI_TRIGGER_EXIT = 32,
 };
 
+/* How level 10 stores a call's tensors (docs/dump-format.md): FlashInfer's layout, each
+ * call's files standing alone, or the compact one, chunks stored once by content. Unset,
+ * plain level 10 writes FlashInfer's and the rings the compact one. */
+typedef enum { FI_LAYOUT_DEFAULT, FI_LAYOUT_FLASHINFER, FI_LAYOUT_COMPACT } fi_dump_layout;
+
 typedef struct {
     int level;                /* 0, 1, 3, 5 or 10 after rounding down */
     fi_log_format log_format; /* FLASHINFER_LOGFORMAT: text (default) or json */
@@ -32,6 +37,7 @@ typedef struct {
     unsigned dump_on;       /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
     double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget */
     long long max_triggers; /* FLASHINFER_DUMP_MAX_TRIGGERS */
+    fi_dump_layout layout;  /* FLASHINFER_DUMP_LAYOUT (FI_LAYOUT_DEFAULT: unset) */
     char *include[FI_MAX_PATTERNS];
     int n_include;
     char *exclude[FI_MAX_PATTERNS];

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "compact.h"
 #include "dump_encode.h"
 #include "graph_capture.h"
 #include "record_mode.h"
@@ -34,6 +35,10 @@ int fi_recorder_init(fi_recorder *rec, const fi_config *cfg, PyObject *owner,
     rec->owner = owner;
     rec->emit = emit;
     rec->mode = mode_of(cfg);
+    /* FlashInfer's layout for plain level 10 unless FLASHINFER_DUMP_LAYOUT says compact,
+     * the compact one for the in-memory ring unless it says flashinfer */
+    rec->compact = rec->mode == &fi_record_memory_ring ? cfg->layout != FI_LAYOUT_FLASHINFER
+                                                       : cfg->layout == FI_LAYOUT_COMPACT;
     rec->session_fd = -1;
     rec->call_counters = PyDict_New();
     rec->static_meta = PyDict_New();
@@ -69,6 +74,8 @@ void fi_recorder_free(fi_recorder *rec)
     if (rec->ring)
         rec->mode->free_ring(rec);
     rec->ring = NULL;
+    fi_compact_writer_free(rec->compact_writer);
+    rec->compact_writer = NULL;
 }
 
 int fi_recorder_fire(fi_recorder *rec, const char *trigger)
@@ -148,7 +155,10 @@ static PyObject *build_record(fi_recorder *recorder, const fi_dump_api *api, PyO
         "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata", PyDict_New(),
         "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys", PyList_New(0),
         "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes), "tensor_details",
-        ts->details, "tensor_format", recorder->cfg->safetensors ? "safetensors" : "torch",
+        ts->details, "tensor_format",
+        recorder->compact && !capturing ? "chunks"
+        : recorder->cfg->safetensors    ? "safetensors"
+                                        : "torch",
         "function_signature", api->signature_text ? api->signature_text : Py_None, "versions",
         versions ? versions : Py_None, "execution_status",
         capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",

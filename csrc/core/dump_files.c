@@ -252,8 +252,9 @@ int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyO
 }
 
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
-                                   PyObject *tensors, fi_stats_sink sink, void *ctx)
+                                   PyObject *tensors, const fi_save_opts *opts)
 {
+    static const fi_save_opts none = {NULL, NULL, NULL, NULL};
     int st = rec->cfg->safetensors;
     size_t n = strlen(dir) + 32;
     char *path = malloc(n);
@@ -262,8 +263,8 @@ Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char
         return -1;
     }
     snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
-    Py_ssize_t written = fi_save_tensor_dict_stats(
-        path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, sink, ctx);
+    Py_ssize_t written = fi_save_tensor_dict_opts(
+        path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, opts ? opts : &none);
     free(path);
     return written;
 }

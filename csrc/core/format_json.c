@@ -201,6 +201,16 @@ static int put_tensor(fi_buf *b, PyObject *tensor, fi_call *call)
     fi_json_bool(b, fi_tensor_is_contiguous(&t));
     if (call->level >= 5 && put_tensor_stats(b, tensor, &t, &call->stats) < 0)
         return -1;
+    const fi_page_set *ps = call->level >= 5 ? fi_paged_find(&call->paged, tensor) : NULL;
+    if (ps) {
+        fi_buf_puts(b, ", \"pages\": {\"kept\": ");
+        fi_buf_put_i64(b, ps->n);
+        fi_buf_puts(b, ", \"total\": ");
+        fi_buf_put_i64(b, ps->total);
+        fi_buf_puts(b, ", \"out_of_range\": ");
+        fi_buf_put_i64(b, ps->out_of_range);
+        fi_buf_putc(b, '}');
+    }
     return fi_buf_putc(b, '}');
 }
 

@@ -127,11 +127,9 @@ static int flush_entry(fi_recorder *rec, graph_entry *e, Py_ssize_t *parts)
     for (int i = 0; r == 0 && i < 2; i++) {
         if (!held_part(part[i].tensors))
             continue;
-        Py_ssize_t w =
-            fi_dump_save_tensors_at(rec, e->dir, part[i].stem, part[i].tensors, NULL, NULL);
+        Py_ssize_t w = fi_dump_save_tensors_at(rec, e->dir, part[i].stem, part[i].tensors, NULL);
         Py_ssize_t w2 =
-            w < 0 ? -1
-                  : fi_dump_save_tensors_at(rec, snap, part[i].stem, part[i].tensors, NULL, NULL);
+            w < 0 ? -1 : fi_dump_save_tensors_at(rec, snap, part[i].stem, part[i].tensors, NULL);
         r = w2 < 0 ? -1 : write_flush_records(rec, e->record, part[i].status, n, e->dir, snap);
         if (r == 0) {
             rec->dump_bytes += w + w2;

@@ -39,7 +39,8 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     lg->sink.kind = FI_SINK_STDERR;
     lg->sink.fd = -1;
     if (fi_config_from_env(&lg->cfg, warn_bad_value, NULL) < 0 ||
-        fi_recorder_init(&lg->rec, &lg->cfg, (PyObject *)lg, emit_for_recorder) < 0) {
+        fi_recorder_init(&lg->rec, &lg->cfg, (PyObject *)lg, emit_for_recorder) < 0 ||
+        !(lg->page_memo = PyDict_New())) {
         Py_DECREF(lg);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
@@ -51,12 +52,14 @@ static PyObject *logger_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 static int logger_traverse(fi_logger *lg, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(lg));
+    Py_VISIT(lg->page_memo);
     return fi_recorder_traverse(&lg->rec, visit, arg);
 }
 
 static int logger_clear(fi_logger *lg)
 {
     fi_recorder_clear(&lg->rec);
+    Py_CLEAR(lg->page_memo);
     return 0;
 }
 

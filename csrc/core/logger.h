@@ -19,6 +19,7 @@ typedef struct {
     char ts_text[32];       /* "[YYYY-MM-DD HH:MM:SS]" */
     long long json_call_id; /* JSON log: the last call's id (pairs its call/return lines) */
     fi_recorder rec;        /* level 10 (recorder.h); its methods are the Logger's too */
+    PyObject *page_memo;    /* dict: the page tables of each object's last plan (pages.h) */
 } fi_logger;
 
 /* Borrowed; valid while the module lives. */

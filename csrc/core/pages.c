@@ -173,8 +173,11 @@ void fi_page_set_free(fi_page_set *s)
 
 void fi_paged_free(fi_paged *p)
 {
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n; i++) {
         fi_page_set_free(&p->item[i].pages);
+        free(p->item[i].range);
+        Py_CLEAR(p->item[i].packed);
+    }
     free(p->item);
     p->item = NULL;
     p->n = 0;
@@ -186,6 +189,95 @@ const fi_page_set *fi_paged_find(const fi_paged *p, PyObject *tensor)
         if (p->item[i].tensor == tensor)
             return &p->item[i].pages;
     return NULL;
+}
+
+/* tensor[pages] on its device (index_select along dim 0) copied to the host: the pages'
+ * bytes one after another. A new reference, NULL with an exception set. */
+static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
+{
+    PyObject *ids = PyList_New(ps->n);
+    for (int64_t i = 0; ids && i < ps->n; i++) {
+        PyObject *v = PyLong_FromLongLong(ps->page[i]);
+        if (!v)
+            Py_CLEAR(ids);
+        else
+            PyList_SET_ITEM(ids, i, v);
+    }
+    PyObject *torch = ids ? PyImport_ImportModule("torch") : NULL;
+    PyObject *device = torch ? PyObject_GetAttr(tensor, fi_names.device) : NULL;
+    PyObject *fn = device ? PyObject_GetAttrString(torch, "tensor") : NULL;
+    PyObject *args = fn ? PyTuple_Pack(1, ids) : NULL;
+    PyObject *kw =
+        args ? Py_BuildValue("{sOsO}", "device", device, "dtype", fi_dtype_to_py(FI_DTYPE_I64))
+             : NULL;
+    PyObject *idx = kw ? PyObject_Call(fn, args, kw) : NULL;
+    PyObject *g = idx ? PyObject_CallMethod(tensor, "index_select", "iO", 0, idx) : NULL;
+    PyObject *host = g ? PyObject_CallMethodNoArgs(g, fi_names.cpu) : NULL;
+    Py_XDECREF(ids);
+    Py_XDECREF(torch);
+    Py_XDECREF(device);
+    Py_XDECREF(fn);
+    Py_XDECREF(args);
+    Py_XDECREF(kw);
+    Py_XDECREF(idx);
+    Py_XDECREF(g);
+    return host;
+}
+
+/* The byte ranges of item's pages, and for a CUDA tensor its packed host bytes. */
+static int make_keep(fi_paged_tensor *it)
+{
+    fi_tensor t;
+    int64_t pe;
+    if (fi_tensor_from_py(it->tensor, &t) < 0 || !fi_pages_contiguous(&t, &pe) ||
+        (t.device_type != FI_DEVICE_CPU && t.device_type != FI_DEVICE_CUDA))
+        return -1;
+    uint64_t isz = fi_dtype_size(t.dtype), step = (uint64_t)t.stride[0] * isz;
+    it->range = malloc((size_t)(it->pages.n ? it->pages.n : 1) * sizeof(fi_byte_range));
+    if (!it->range)
+        return -1;
+    for (int64_t i = 0; i < it->pages.n; i++)
+        it->range[i] = (fi_byte_range){(uint64_t)it->pages.page[i] * step,
+                                       (uint64_t)it->pages.page[i] * step + (uint64_t)pe * isz};
+    it->keep = (fi_span_keep){it->range, (size_t)it->pages.n, NULL, it->pages.total,
+                              it->pages.out_of_range};
+    if (t.device_type == FI_DEVICE_CUDA) {
+        fi_tensor h;
+        if (!(it->packed = gather_to_host(it->tensor, &it->pages)) ||
+            fi_tensor_from_py(it->packed, &h) < 0)
+            return -1;
+        it->keep.packed = h.data;
+    }
+    return 0;
+}
+
+const fi_span_keep *fi_paged_keep(void *ctx, PyObject *tensor)
+{
+    fi_paged *p = ctx;
+    for (int i = 0; p && i < p->n; i++) {
+        fi_paged_tensor *it = &p->item[i];
+        if (it->tensor != tensor)
+            continue;
+        if (it->keep_state == 0) {
+            it->keep_state = make_keep(it) == 0 ? 1 : -1;
+            if (it->keep_state < 0)
+                PyErr_Clear();
+        }
+        return it->keep_state > 0 ? &it->keep : NULL;
+    }
+    return NULL;
+}
+
+int fi_pages_contiguous(const fi_tensor *t, int64_t *page_elems)
+{
+    int64_t expect = 1;
+    for (int d = t->ndim - 1; d >= 1; d--) {
+        if (t->shape[d] != 1 && t->stride[d] != expect)
+            return 0;
+        expect *= t->shape[d];
+    }
+    *page_elems = expect;
+    return t->ndim >= 1 && (t->shape[0] <= 1 || t->stride[0] >= expect);
 }
 
 /* Page ids gathered from tables: grown as needed, then sorted and made unique. */

@@ -9,6 +9,9 @@
 
 #include <stdint.h>
 
+#include "flashinfer_kernels.h"
+#include "tensorbytes.h"
+
 /* The pages a call reads of one paged tensor (dim 0 = page): sorted, unique, within
  * [0, total). out_of_range counts the page-table entries outside it, which the call's
  * recorded page tables keep as they came (the bug a replay reproduces). */
@@ -23,6 +26,12 @@ void fi_page_set_free(fi_page_set *s);
 typedef struct {
     PyObject *tensor; /* borrowed from the call's arguments */
     fi_page_set pages;
+    /* made by fi_paged_keep when first asked: the pages as byte ranges of the tensor's span
+     * (a device tensor's bytes gathered to the host in packed) */
+    int keep_state; /* 0 not yet, 1 made, -1 the tensor is written whole */
+    fi_byte_range *range;
+    fi_span_keep keep;
+    PyObject *packed;
 } fi_paged_tensor;
 
 /* The paged tensors of a call (free with fi_paged_free). */
@@ -35,6 +44,18 @@ void fi_paged_free(fi_paged *p);
 
 /* The pages of tensor in p, or NULL when it is not a paged tensor with known pages. */
 const fi_page_set *fi_paged_find(const fi_paged *p, PyObject *tensor);
+
+/* An fi_keep_fn (tensorio.h) over a call's fi_paged (ctx): the pages of tensor as byte
+ * ranges of its span, for the writers to store only those (docs/dump-format.md, "Sparse
+ * tensor files"); NULL, the tensor written whole, when it is not paged or its pages are not
+ * each one run of memory. A CUDA tensor's pages are gathered on the device and copied to
+ * the host once (packed). Errors are cleared: the tensor is then written whole. */
+const fi_span_keep *fi_paged_keep(void *ctx, PyObject *tensor);
+
+/* Whether every page of t (a slice along dim 0) is one run of elements in memory, its
+ * dims after the first contiguous; *page_elems gets a page's element count. Pages of such
+ * a tensor are written, hashed and summed page by page. */
+int fi_pages_contiguous(const fi_tensor *t, int64_t *page_elems);
 
 /* A call's arguments as the decorator got them: positional (self first for methods) and
  * keyword, with the wrapped function's positional parameter names to resolve them. */

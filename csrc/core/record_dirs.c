@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "compact.h"
 #include "ring_disk.h"
 
 #define MB (1024.0 * 1024.0)
@@ -86,12 +87,31 @@ static int dirs_place(fi_dump_call *call, const char *stamp, long long bytes, lo
     return call->dir ? 0 : -1;
 }
 
-/* The inputs' level-5 statistics come in the same pass (stats.c), kept in the call's memo. */
+/* The inputs' level-5 statistics come in the same pass (stats.c), kept in the call's memo;
+ * a paged KV cache keeps the pages the call reads (docs/flight-recorder.md#page-aware-capture). */
 static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
 {
     int inputs = stem[0] == 'i';
-    return fi_dump_save_tensors_at(call->rec, call->dir, stem, ts->tensors,
-                                   inputs ? fi_stats_memo_put : NULL, &call->ctx->stats);
+    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
+                         &call->ctx->paged};
+    fi_recorder *rec = call->rec;
+    if (!rec->compact)
+        return fi_dump_save_tensors_at(rec, call->dir, stem, ts->tensors, &opts);
+    if (!rec->compact_writer &&
+        !(rec->compact_writer = fi_compact_writer_new(rec->cfg->dump_dir))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t n = strlen(call->dir) + 32;
+    char *path = malloc(n);
+    if (!path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    snprintf(path, n, "%s/%s.chunks.json", call->dir, stem);
+    Py_ssize_t written = fi_compact_save(rec->compact_writer, path, ts->tensors, &opts);
+    free(path);
+    return written;
 }
 
 static int dirs_write_record(fi_dump_call *call)

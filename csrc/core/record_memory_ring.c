@@ -83,7 +83,7 @@ static int memory_recording(fi_recorder *rec)
         return fi_ring_recording(rec->ring);
     const fi_config *c = rec->cfg;
     fi_ring *r = fi_ring_new(c->ring, c->dump_dir, c->ring_max_gb, c->max_triggers,
-                             c->safetensors ? "safetensors" : "pt");
+                             c->safetensors ? "safetensors" : "pt", rec->compact);
     if (!r) {
         PyErr_NoMemory();
         return -1;
@@ -162,13 +162,65 @@ static PyObject *host_tensors(PyObject *tensors)
     return host;
 }
 
-/* The tensor file as an image in the call's slot: a copy taken at call time (callers reuse
- * their buffers). The inputs (with nan_input) and the outputs are checked for the nan/inf
- * triggers first. */
+/* tensors with the CUDA ones that are not paged tensors of the call staged to the host
+ * (host_tensors); a paged one stays as it is: only its pages are copied (fi_paged_keep). */
+static PyObject *host_tensors_but_paged(PyObject *tensors, const fi_paged *paged)
+{
+    PyObject *rest = PyDict_New(), *key, *value;
+    Py_ssize_t pos = 0;
+    while (rest && PyDict_Next(tensors, &pos, &key, &value))
+        if (!fi_paged_find(paged, value) && PyDict_SetItem(rest, key, value) < 0)
+            Py_CLEAR(rest);
+    PyObject *host = rest ? host_tensors(rest) : NULL;
+    Py_XDECREF(rest);
+    PyObject *all = host ? PyDict_Copy(tensors) : NULL;
+    if (all && PyDict_Update(all, host) < 0)
+        Py_CLEAR(all);
+    Py_XDECREF(host);
+    return all;
+}
+
+/* The compact layout: the tensors' chunks into the ring's store (a copy of each chunk the
+ * store lacks: callers reuse their buffers), the pages a paged cache's call reads only, the
+ * inputs' statistics taken on the way; the manifest's tail built now. */
+static Py_ssize_t memory_save_chunks(fi_dump_call *call, int inputs, const fi_dump_tensors *ts)
+{
+    fi_ring *ring = call->rec->ring;
+    fi_ring_manifest *m = inputs ? &call->files->cin : &call->files->cout;
+    PyObject *host = ts->any_cuda ? host_tensors_but_paged(ts->tensors, &call->ctx->paged)
+                                  : Py_NewRef(ts->tensors);
+    if (!host)
+        return -1;
+    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
+                         &call->ctx->paged};
+    size_t before = fi_chunk_store_bytes(ring->store);
+    int r = fi_compact_capture_dict(ring->store, host, &opts, NULL, &m->t, &m->n);
+    Py_DECREF(host);
+    m->store = ring->store;
+    if (r < 0)
+        return -1;
+    fi_buf_reset(&m->tail);
+    if (fi_compact_manifest_tail(&m->tail, m->t, m->n) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return (Py_ssize_t)(fi_chunk_store_bytes(ring->store) - before);
+}
+
+/* The call's tensors in its slot: a copy taken at call time (callers reuse their buffers),
+ * as chunks (compact layout) or a tensor file image. The inputs (with nan_input) and the
+ * outputs are checked for the nan/inf triggers, from the statistics the copy took. */
 static Py_ssize_t memory_save(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
 {
     int inputs = stem[0] == 'i';
-    if (!call->trigger && (!inputs || (call->rec->cfg->dump_on & FI_TRIGGER_NAN_INPUT)))
+    int check = !inputs || (call->rec->cfg->dump_on & FI_TRIGGER_NAN_INPUT);
+    if (call->rec->compact && call->files && !call->tensors_skipped) {
+        Py_ssize_t r = memory_save_chunks(call, inputs, ts);
+        if (r >= 0 && check && !call->trigger)
+            call->trigger = nonfinite_trigger(call, ts->tensors);
+        return r;
+    }
+    if (!call->trigger && check)
         call->trigger = nonfinite_trigger(call, ts->tensors);
     if (!call->files || call->tensors_skipped)
         return 0;

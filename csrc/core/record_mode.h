@@ -96,9 +96,10 @@ char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
  * session.jsonl. */
 int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record);
 
-/* Writes tensors to dir/stem.pt (or .safetensors), handing sink(ctx, ...) the statistics
- * taken on the way (NULL: none); the bytes written, -1 with an exception set. */
+/* Writes tensors to dir/stem.pt (or .safetensors) as opts says (tensorio.h: the statistics
+ * taken on the way, the parts of each tensor kept; NULL: neither); the bytes written, -1
+ * with an exception set. */
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
-                                   PyObject *tensors, fi_stats_sink sink, void *ctx);
+                                   PyObject *tensors, const fi_save_opts *opts);
 
 #endif

@@ -34,6 +34,8 @@ typedef struct {
     int root_ready;             /* the dump root was made */
     int session_fd;             /* DUMP_DIR/session.jsonl, opened on first use */
     int ring_warned;            /* the "call larger than the ring's budget" warning was given */
+    int compact;                /* tensors in the compact layout (docs/dump-format.md) */
+    struct fi_compact_writer *compact_writer; /* its writer (a directory per call), made lazily */
 } fi_recorder;
 
 /* A recorder for cfg (which must outlive it), logging through emit(owner, ...). -1 with an

@@ -6,14 +6,25 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "compact.h"
 #include "strbuf.h"
 #include "tensorio.h"
 
+/* A call's tensors in the compact layout (docs/dump-format.md): references to chunks of the
+ * ring's store and the manifest's tail, both made at call time. */
+typedef struct {
+    fi_chunk_store *store; /* borrowed: the ring's, which outlives every slot */
+    fi_compact_tensor *t;  /* owns its chunk references */
+    size_t n;
+    fi_buf tail; /* empty: no manifest */
+} fi_ring_manifest;
+
 /* One recorded call: its directory's files, built at call time. */
 typedef struct {
-    fi_image inputs, outputs; /* tensor file images (len 0: no file) */
-    fi_buf meta;              /* metadata.jsonl: one line per record */
-    fi_buf trigger_keys;      /* "\"function_name\": ..., \"dump_dir\": ...": for trigger lines */
+    fi_image inputs, outputs;   /* tensor file images (len 0: no file) */
+    fi_ring_manifest cin, cout; /* or, in the compact layout, the tensors' manifests */
+    fi_buf meta;                /* metadata.jsonl: one line per record */
+    fi_buf trigger_keys;        /* "\"function_name\": ..., \"dump_dir\": ...": for trigger lines */
 } fi_ring_files;
 
 /* A claimed slot: where a call's files go, valid while generation matches. */
@@ -38,6 +49,8 @@ typedef struct fi_ring {
     long long n;
     char *root;
     char *ext;             /* tensor file extension: "pt" or "safetensors" */
+    fi_chunk_store *store; /* the compact layout's chunks (NULL: FlashInfer's layout) */
+    char pack_prefix[64];  /* "ring-PID-NS-": a write-out's pack is chunks/PREFIX<K>.pack */
     fi_ring_slot *slots;   /* n slots, never moved: their inline buffers stay put */
     long long head, count; /* index of the oldest call; calls held */
     long long generation;  /* last generation handed out */
@@ -49,9 +62,10 @@ typedef struct fi_ring {
 } fi_ring;
 
 /* A ring of n calls under root, keeping at most budget_gb and firing at most max_triggers
- * times; ext names the tensor files ("pt"). NULL when out of memory. */
+ * times; ext names the tensor files ("pt"); compact: calls keep their tensors as chunks of
+ * one store, which the budget counts once each. NULL when out of memory. */
 fi_ring *fi_ring_new(long long n, const char *root, double budget_gb, long long max_triggers,
-                     const char *ext);
+                     const char *ext, int compact);
 void fi_ring_free(fi_ring *r);
 
 /* Whether calls are still recorded (false once max_triggers fired). */
@@ -80,7 +94,10 @@ void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files);
  * Returns the number of calls written, -1 (errno set) when the root cannot be written. */
 int fi_ring_fire(fi_ring *r, const char *trigger);
 
-/* Bytes the ring holds now. */
+/* Bytes the ring holds now: its buffers, and its chunks once each. */
 size_t fi_ring_bytes(const fi_ring *r);
+
+/* Releases a manifest's chunk references and buffer (it is left empty). */
+void fi_ring_manifest_clear(fi_ring_manifest *m);
 
 #endif

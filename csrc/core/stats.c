@@ -216,6 +216,7 @@ void fi_stats_memo_init(fi_stats_memo *memo)
 {
     memo->count = 0;
     memo->keep_taken = 0;
+    memo->paged = NULL;
 }
 
 void fi_stats_memo_put(void *ctx, PyObject *tensor, const fi_stats *stats)
@@ -244,13 +245,16 @@ void fi_stats_memo_clear(fi_stats_memo *memo)
     }
 }
 
-/* The statistics memo holds for tensor (t: its metadata now), if they still hold. */
-static const fi_stats *memo_lookup(const fi_stats_memo *memo, PyObject *tensor, const fi_tensor *t)
+/* The statistics memo holds for tensor (t: its metadata now; ps: the pages they cover, or
+ * NULL for all of it), if they still hold. */
+static const fi_stats *memo_lookup(const fi_stats_memo *memo, PyObject *tensor, const fi_tensor *t,
+                                   const fi_page_set *ps)
 {
+    int64_t pe = 0, numel = ps && fi_pages_contiguous(t, &pe) ? ps->n * pe : fi_tensor_numel(t);
     for (int i = 0; memo && i < memo->count; i++) {
         const fi_stats *st = &memo->entry[i].stats;
         if (memo->entry[i].tensor == tensor && memo->entry[i].data == t->data &&
-            st->numel == fi_tensor_numel(t) && memo->entry[i].version == version_of(tensor))
+            st->numel == numel && memo->entry[i].version == version_of(tensor))
             return st;
     }
     return NULL;
@@ -260,7 +264,7 @@ static const fi_stats *memo_lookup(const fi_stats_memo *memo, PyObject *tensor, 
 static int stats_of_cpu_tensor(PyObject *tensor, const fi_tensor *t, fi_stats_memo *memo,
                                fi_stats *out)
 {
-    const fi_stats *known = memo_lookup(memo, tensor, t);
+    const fi_stats *known = memo_lookup(memo, tensor, t, NULL);
     if (known) {
         *out = *known;
         return 0;
@@ -347,6 +351,85 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
 }
 #endif
 
+static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *memo,
+                          fi_stats *out);
+
+/* tensor[pages] gathered by torch (index_select along dim 0, on its device). */
+static PyObject *gather_pages(PyObject *tensor, const fi_page_set *ps)
+{
+    PyObject *ids = PyList_New(ps->n);
+    for (int64_t i = 0; ids && i < ps->n; i++) {
+        PyObject *v = PyLong_FromLongLong(ps->page[i]);
+        if (!v)
+            Py_CLEAR(ids);
+        else
+            PyList_SET_ITEM(ids, i, v);
+    }
+    PyObject *torch = ids ? PyImport_ImportModule("torch") : NULL;
+    PyObject *device = torch ? PyObject_GetAttr(tensor, fi_names.device) : NULL;
+    PyObject *idx = NULL;
+    if (device) {
+        PyObject *fn = PyObject_GetAttrString(torch, "tensor");
+        PyObject *args = fn ? PyTuple_Pack(1, ids) : NULL;
+        PyObject *kw =
+            args ? Py_BuildValue("{sOsO}", "device", device, "dtype", fi_dtype_to_py(FI_DTYPE_I64))
+                 : NULL;
+        idx = kw ? PyObject_Call(fn, args, kw) : NULL;
+        Py_XDECREF(fn);
+        Py_XDECREF(args);
+        Py_XDECREF(kw);
+    }
+    PyObject *g = idx ? PyObject_CallMethod(tensor, "index_select", "iO", 0, idx) : NULL;
+    Py_XDECREF(ids);
+    Py_XDECREF(torch);
+    Py_XDECREF(device);
+    Py_XDECREF(idx);
+    return g;
+}
+
+/* Statistics of the pages ps of tensor: CPU pages that are each one run of float32/16 or
+ * bfloat16 elements are streamed page by page, in place; any other tensor is gathered
+ * first (tensor[pages], on its device). */
+static int stats_of_pages(PyObject *tensor, const fi_tensor *t, const fi_page_set *ps,
+                          fi_stats_memo *memo, fi_stats *out)
+{
+    if (t->device_type == FI_DEVICE_CPU) {
+        const fi_stats *known = memo_lookup(memo, tensor, t, ps);
+        if (known) {
+            *out = *known;
+            return 0;
+        }
+    }
+    int64_t pe;
+    size_t isz = fi_dtype_size(t->dtype);
+    fi_stats_stream *st = NULL;
+    if (t->device_type == FI_DEVICE_CPU && fi_pages_contiguous(t, &pe) &&
+        (pe % 8 == 0 || ps->n <= 1))
+        st = fi_stats_stream_new(t->dtype, ps->n * pe);
+    if (st) {
+        Py_BEGIN_ALLOW_THREADS
+        for (int64_t i = 0; i < ps->n; i++)
+            fi_stats_stream_feed(st,
+                                 (const char *)t->data + ps->page[i] * t->stride[0] * (int64_t)isz,
+                                 (size_t)pe * isz);
+        fi_stats_stream_end(st, out);
+        Py_END_ALLOW_THREADS
+        out->dtype = t->dtype;
+        if (apply_neg_bit(tensor, out) < 0)
+            return -1;
+    } else {
+        PyObject *g = gather_pages(tensor, ps);
+        fi_tensor gt;
+        int r = g && fi_tensor_from_py(g, &gt) == 0 ? stats_of_known(g, &gt, NULL, out) : -1;
+        Py_XDECREF(g);
+        if (r < 0)
+            return -1;
+    }
+    if (memo && memo->keep_taken && t->device_type == FI_DEVICE_CPU)
+        fi_stats_memo_put(memo, tensor, out);
+    return 0;
+}
+
 /* The statistics of tensor, whose metadata t was read already. */
 static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *memo, fi_stats *out)
 {
@@ -354,6 +437,9 @@ static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *
     fi_dtype dtype = t.dtype;
     if (!fi_dtype_has_stats(dtype))
         return 0;
+    const fi_page_set *ps = memo && memo->paged ? fi_paged_find(memo->paged, tensor) : NULL;
+    if (ps)
+        return stats_of_pages(tensor, &t, ps, memo, out);
     if (t.device_type == FI_DEVICE_CPU)
         return stats_of_cpu_tensor(tensor, &t, memo, out);
     if (t.device_type == FI_DEVICE_CUDA) {
@@ -530,6 +616,27 @@ int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats_memo *m
     return *error ? 0 : -1;
 }
 
+int fi_stats_put_pages_line(fi_buf *buf, const fi_page_set *ps, int indent)
+{
+    fi_buf_indent(buf, indent);
+    fi_buf_puts(buf, "pages=");
+    fi_buf_put_i64(buf, ps->n);
+    fi_buf_putc(buf, '/');
+    fi_buf_put_i64(buf, ps->total);
+    fi_buf_putc(buf, '\n');
+    if (ps->out_of_range) {
+        fi_buf_indent(buf, indent);
+        fi_buf_puts(buf, "page_ids_out_of_range=");
+        fi_buf_put_i64(buf, ps->out_of_range);
+        fi_buf_putc(buf, '\n');
+    }
+    if (buf->oom) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known,
                            fi_stats_memo *memo, int indent)
 {
@@ -540,6 +647,11 @@ int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known
     int computed = st.kind == FI_STATS_FLOAT || st.kind == FI_STATS_INT;
     if (!error && computed && !dtype_logged(st.dtype))
         return 0;
+    const fi_page_set *ps = memo && memo->paged ? fi_paged_find(memo->paged, tensor) : NULL;
+    if (ps && fi_stats_put_pages_line(buf, ps, indent) < 0) {
+        Py_XDECREF(error);
+        return -1;
+    }
     if (!error)
         return fi_stats_format(buf, &st, indent) < 0 ? (PyErr_NoMemory(), -1) : 0;
     const char *s = PyUnicode_AsUTF8(error);

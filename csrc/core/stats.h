@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "flashinfer_kernels.h"
+#include "pages.h"
 #include "strbuf.h"
 
 /* Statistics already taken of one call's tensors, so that a second reader of the same
@@ -25,6 +26,9 @@ typedef struct {
     } entry[FI_STATS_MEMO_MAX];
     int count;
     int keep_taken; /* while set, what fi_stats_of_tensor takes of CPU tensors is kept too */
+    /* the call's paged tensors (NULL: none): statistics of one are of the pages the call
+     * reads (docs/flight-recorder.md#page-aware-capture), and its text says so */
+    const fi_paged *paged;
 } fi_stats_memo;
 
 void fi_stats_memo_init(fi_stats_memo *memo);
@@ -65,6 +69,11 @@ int fi_stats_or_error(PyObject *tensor, const fi_tensor *known, fi_stats_memo *m
  * only for out-of-memory or a non-Exception error such as KeyboardInterrupt. */
 int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known,
                            fi_stats_memo *memo, int indent);
+
+/* The line "pages=KEPT/TOTAL" (and "page_ids_out_of_range=N" when the page tables named
+ * ids outside the tensor) that tells a paged tensor's statistics are of the pages its call
+ * reads. -1 (MemoryError) when out of memory. */
+int fi_stats_put_pages_line(fi_buf *buf, const fi_page_set *ps, int indent);
 
 /* Adds tensor_stats, format_tensor_stats and the test hooks to the module. */
 int fi_stats_exec(PyObject *module);

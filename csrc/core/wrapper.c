@@ -8,6 +8,7 @@
 #include "config.h"
 #include "format.h"
 #include "format_json.h"
+#include "pages.h"
 #include "json.h"
 #include "logger.h"
 #include "module.h"
@@ -47,6 +48,9 @@ typedef struct {
     PyObject *signature_text; /* str(inspect.signature(func)) or None */
     Py_ssize_t nparams;
     param_info *params;
+    const fi_pages_api *pages; /* what it reads of a paged KV cache (pages.h), or NULL */
+    PyObject **pos_names;      /* the positional parameters' names (borrowed from params) */
+    Py_ssize_t npos;
     PyObject *cached_type;     /* class of the last call's first argument ... */
     PyObject *cached_api_name; /* ... and its "Cls.method", or None for the bare name */
     vectorcallfunc vectorcall;
@@ -413,6 +417,13 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
     int json = lg->cfg.log_format == FI_LOG_JSON;
     long long call_id = json ? ++lg->json_call_id : -1;
     int detailed = level >= 3 && fi_config_name_passes(&lg->cfg, name);
+    /* a call that reads a paged KV cache: its statistics and its dump are of the pages it
+     * reads (docs/flight-recorder.md#page-aware-capture) */
+    fi_call_args cargs = {args, nargs, kwnames, w->pos_names, w->npos};
+    PyObject *obj = nargs > 0 ? args[0] : NULL; /* a method's object, for its plan */
+    if (w->pages && detailed && level >= 5 && !fi_pages_is_plan(w->pages) &&
+        fi_pages_of_call(lg->page_memo, w->pages, obj, &cargs, &call.paged) < 0)
+        PyErr_Clear(); /* unknown pages: the tensors are taken whole */
     fi_dump_call *dump = NULL;
     fi_buf b;
     fi_buf_init(&b);
@@ -434,6 +445,14 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
     }
 
     PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
+
+    if (result && w->pages && level >= 5 && fi_pages_is_plan(w->pages)) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (fi_pages_note_plan(lg->page_memo, w->pages, obj, &cargs) < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
 
     if (result && detailed) {
         fi_buf_reset(&b);
@@ -538,6 +557,26 @@ static int parse_params(fi_wrapper *w, PyObject *params)
     return 0;
 }
 
+/* The page-table knowledge of the wrapped function, and its positional parameter names to
+ * find the page tables among a call's arguments. */
+static int find_pages(fi_wrapper *w)
+{
+    w->pages = fi_pages_api_of(w->func);
+    if (!w->pages)
+        return 0;
+    w->pos_names = PyMem_Calloc((size_t)(w->nparams ? w->nparams : 1), sizeof(PyObject *));
+    if (!w->pos_names) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    while (w->npos < w->nparams && (w->params[w->npos].kind == KIND_POSITIONAL_ONLY ||
+                                    w->params[w->npos].kind == KIND_POSITIONAL_OR_KEYWORD)) {
+        w->pos_names[w->npos] = w->params[w->npos].name;
+        w->npos++;
+    }
+    return 0;
+}
+
 static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"func", "logger", "params", "signature_text", NULL};
@@ -574,7 +613,7 @@ static PyObject *wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             return NULL;
         }
     }
-    if (parse_params(w, params) < 0) {
+    if (parse_params(w, params) < 0 || find_pages(w) < 0) {
         Py_DECREF(w);
         return NULL;
     }
@@ -620,6 +659,7 @@ static void wrapper_dealloc(fi_wrapper *w)
         PyObject_ClearWeakRefs((PyObject *)w);
     wrapper_clear(w);
     PyMem_Free(w->params);
+    PyMem_Free(w->pos_names);
     tp->tp_free(w);
     Py_DECREF(tp);
 }
