@@ -81,6 +81,19 @@ def assert_whole_dumps(root):
             if name.endswith(".pt"):  # CRCs filled in at write-out: zipfile checks them
                 assert zipfile.ZipFile(os.path.join(path, name)).testzip() is None
                 torch.load(os.path.join(path, name))
+            if name.endswith(".chunks.json"):  # the in-memory ring's compact layout
+                dumpdir.load_tensor_file(os.path.join(path, name))
+
+
+def load(path, stem):
+    """A call's inputs or outputs in either layout (the in-memory ring writes the compact
+    one, the disk ring FlashInfer's: docs/flight-recorder.md#page-aware-capture)."""
+    (name,) = [n for n in os.listdir(path) if n.startswith(stem + ".")]
+    return dumpdir.load_tensor_file(os.path.join(path, name))
+
+
+def has(path, stem):
+    return any(n.startswith(stem + ".") for n in os.listdir(path))
 
 
 STEPS = """
@@ -118,9 +131,9 @@ def test_in_place_mutation_each_record_holds_its_call_values(tmp_path):
     dumps = dumpdir.ordered_dumps(root)
     assert dumped_indices(root) == list(range(32, 40))
     for i, (path, _) in zip(range(32, 40), dumps):
-        x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+        x = load(path, "inputs")["arg_0"]
         assert torch.equal(x, torch.full((8,), i + 0.5))
-        y = torch.load(os.path.join(path, "outputs.pt"))["result"]
+        y = load(path, "outputs")["result"]
         assert torch.equal(y, torch.full((8,), 2 * i + 1.0))
 
 
@@ -329,7 +342,7 @@ for t in threads: t.join()
     dumps = dumpdir.ordered_dumps(root)
     per_pid = {}
     for path, recs in dumps:
-        x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+        x = load(path, "inputs")["arg_0"]
         assert torch.equal(x, torch.full((64,), float(recs[0]["input_metadata"]["arg_1"])))
         per_pid.setdefault(recs[0]["process_id"], []).append(recs[-1]["execution_status"])
     assert sorted(len(v) for v in per_pid.values()) == [8, 8]
@@ -372,10 +385,10 @@ for t in threads: t.join()
         steps += 1
         v = float(recs[0]["input_metadata"]["arg_1"])
         assert all(r["input_metadata"]["arg_1"] == v for r in recs), path
-        x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+        x = load(path, "inputs")["arg_0"]
         assert torch.equal(x, torch.full((64,), v)), path
-        if os.path.exists(os.path.join(path, "outputs.pt")):
-            y = torch.load(os.path.join(path, "outputs.pt"))["result"]
+        if has(path, "outputs"):
+            y = load(path, "outputs")["result"]
             assert torch.equal(y, torch.full((64,), 2 * v)), path
     assert steps > 100  # about 3 steps per trigger, 8 * 21 triggers
 
@@ -416,10 +429,10 @@ while True:
         assert dumps
         for path, recs in dumps:
             assert recs, path
-            x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+            x = load(path, "inputs")["arg_0"]
             assert torch.equal(x, torch.full((1 << 14,), float(recs[0]["input_metadata"]["arg_1"])))
             if recs[-1]["execution_status"] == "completed":
-                torch.load(os.path.join(path, "outputs.pt"))
+                load(path, "outputs")
 
 
 def test_bad_ring_settings_warn_once_and_fall_back(tmp_path):
