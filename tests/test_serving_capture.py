@@ -180,3 +180,16 @@ def test_a_recorded_out_of_range_page_id_reproduces_the_error(tmp_path, layout):
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ValueError" in p.stdout
+
+
+def test_the_disk_ring_keeps_flashinfers_layout_even_when_compact_is_asked(tmp_path):
+    # it deletes old calls one by one: a chunk pack they shared would only grow
+    root = record(
+        tmp_path,
+        "serving_loop.run(steps=3)\n",
+        FLASHINFER_DUMP_RING="4",
+        FLASHINFER_DUMP_LAYOUT="compact",
+    )
+    assert not os.path.exists(root / "chunks")
+    dirs = run_dirs(root)
+    assert dirs and all(os.path.exists(root / d / "inputs.pt") for d in dirs)

@@ -36,9 +36,12 @@ int fi_recorder_init(fi_recorder *rec, const fi_config *cfg, PyObject *owner,
     rec->emit = emit;
     rec->mode = mode_of(cfg);
     /* FlashInfer's layout for plain level 10 unless FLASHINFER_DUMP_LAYOUT says compact,
-     * the compact one for the in-memory ring unless it says flashinfer */
+     * the compact one for the in-memory ring unless it says flashinfer; the disk ring
+     * always FlashInfer's: it deletes old calls one by one, and a shared pack would only
+     * grow (docs/flight-recorder.md#page-aware-capture) */
     rec->compact = rec->mode == &fi_record_memory_ring ? cfg->layout != FI_LAYOUT_FLASHINFER
-                                                       : cfg->layout == FI_LAYOUT_COMPACT;
+                   : rec->mode == &fi_record_call_dirs ? cfg->layout == FI_LAYOUT_COMPACT
+                                                       : 0;
     rec->session_fd = -1;
     rec->call_counters = PyDict_New();
     rec->static_meta = PyDict_New();
