@@ -7,7 +7,12 @@ from . import (
     api_logging,  # noqa: F401  (reads FLASHINFER_* at import)
     sparse,  # noqa: F401  (flashinfer.sparse.BlockSparseAttentionWrapper, as in FlashInfer)
 )
-from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .activation import (
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    silu_and_mul,
+    silu_and_mul_scaled_nvfp4_experts_quantize,
+)
 from .autotuner import autotune
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
@@ -29,6 +34,8 @@ from .fp4_quantization import (
     nvfp4_kv_dequantize,
     nvfp4_kv_quantize,
     nvfp4_quantize,
+    scaled_fp4_grouped_quantize,
+    silu_and_mul_nvfp4_quantize,
 )
 from .gemm import bmm_fp8, mm_fp4, mm_fp8, prepare_low_latency_gemm_weights
 from .prefill import (
@@ -61,7 +68,10 @@ __all__ = [
     "nvfp4_block_scale_interleave",
     "nvfp4_kv_dequantize",
     "nvfp4_kv_quantize",
+    "scaled_fp4_grouped_quantize",
     "silu_and_mul",
+    "silu_and_mul_nvfp4_quantize",
+    "silu_and_mul_scaled_nvfp4_experts_quantize",
     "bmm_fp8",
     "fi_trace",
     "fp4_quantize",

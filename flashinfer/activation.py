@@ -4,7 +4,9 @@
 import torch
 
 from . import _kernels
+from ._nvfp4_recipe import _UNSET
 from .api_logging import flashinfer_api
+from .fp4_quantization import _grouped_quantize, _recipe
 
 
 def _act_and_mul(act, input, out):
@@ -47,3 +49,24 @@ def gelu_and_mul(input, out=None, enable_pdl=None):
 def gelu_tanh_and_mul(input, out=None, enable_pdl=None):
     """``gelu_tanh(input[..., :d]) * input[..., d:]``; as :func:`silu_and_mul`."""
     return _act_and_mul("gelu_tanh", input, out)
+
+
+@flashinfer_api
+def silu_and_mul_scaled_nvfp4_experts_quantize(a, mask, a_global_sf, nvfp4_4over6=_UNSET):
+    """:func:`silu_and_mul` of each expert's rows, then NVFP4 for the masked grouped GEMM.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[b, m, 2 * k]`` float16, bfloat16 or float32 (one matrix per expert); ``k`` a
+        multiple of 16. The activation is rounded to ``a``'s dtype before quantization.
+    mask, a_global_sf, nvfp4_4over6
+        As in :func:`flashinfer.scaled_fp4_grouped_quantize`: expert ``i``'s first
+        ``mask[i]`` rows, with the global scale ``a_global_sf[i]``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        As :func:`flashinfer.scaled_fp4_grouped_quantize`, for ``[b, m, k]``.
+    """
+    return _grouped_quantize(a, mask, a_global_sf, _recipe(nvfp4_4over6, False), silu=True)

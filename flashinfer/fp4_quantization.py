@@ -18,6 +18,7 @@ from .api_logging import flashinfer_api
 from .utils import CPU_REQUIREMENT, CUDA_KERNEL_REQUIREMENT, backend_requirement
 
 __all__ = [
+    "NVFP4_QUANT_ENV_VARS",
     "SfLayout",
     "block_scale_interleave",
     "e2m1_and_ufp8sf_scale_to_float",
@@ -30,7 +31,21 @@ __all__ = [
     "nvfp4_kv_dequantize",
     "nvfp4_kv_quantize",
     "nvfp4_quantize",
+    "scaled_fp4_grouped_quantize",
+    "silu_and_mul_nvfp4_quantize",
 ]
+
+# The environment variables FlashInfer's NVFP4 quantizers read (FlashInfer's tests save and
+# restore them by this name). The 4over6 ones choose the recipe (docs/logging.md); the CPU
+# kernels have no fast-math form, so FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH changes nothing
+# here (docs/kernels.md).
+NVFP4_QUANT_ENV_VARS = (
+    "FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH",
+    "FLASHINFER_NVFP4_4OVER6",
+    "FLASHINFER_NVFP4_4OVER6_ERR_MODE",
+    "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH",
+    "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256",
+)
 
 _BACKENDS = ("cuda", "cute-dsl", "cpu")
 _NVFP4_BACKENDS = ("cuda", "cute-dsl", "cake", "cpu")
@@ -595,3 +610,143 @@ def nvfp4_kv_dequantize(fp4_data, block_scales, global_scale, output_dtype=torch
     """
     out = e2m1_and_ufp8sf_scale_to_float(fp4_data, block_scales, global_scale, 16, 1, False)
     return out.to(device=fp4_data.device, dtype=output_dtype)
+
+
+def _silu_and_mul(x):
+    """flashinfer.silu_and_mul without its API logging (the caller's call is logged)."""
+    out = torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)
+    _kernels.act_and_mul(x, out, "silu")
+    return out
+
+
+def _grouped_quantize(a, mask, a_global_sf, recipe, silu=False):
+    """NVFP4 of each of a batch of [m, k] matrices, the first ``mask[i]`` rows of matrix
+    ``i`` with the global scale ``a_global_sf[i]`` (128x4 scales); the other rows' codes
+    and scales are zero. ``silu``: silu_and_mul applied to each matrix's rows first (then
+    ``a`` is [b, m, 2k]). Returns FlashInfer's grouped-GEMM views: codes
+    ``[m, k // 2, b]`` and E4M3 scales ``[32, 4, mp // 128, 4, kp // 4, b]``."""
+    if not isinstance(a, torch.Tensor) or a.dim() != 3:
+        raise ValueError(f"a: expected a 3-D tensor [b, m, k], got {_described(a)}")
+    b, m, width = a.shape
+    k = width // 2 if silu else width
+    if silu and width % 2:
+        raise ValueError(f"a: the last dimension must be even (gate and up), got {width}")
+    if k % 16:
+        raise ValueError(f"a: k = {k} must be a multiple of 16")
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int32 or mask.dim() != 1:
+        raise ValueError(f"mask: expected a 1-D int32 tensor [b], got {_described(mask)}")
+    if mask.shape[0] != b:
+        raise ValueError(f"mask: {mask.shape[0]} entries for a batch of {b}")
+    if not isinstance(a_global_sf, torch.Tensor) or a_global_sf.numel() not in (1, b):
+        raise ValueError(
+            f"a_global_sf: expected a float32 tensor of 1 or {b} values, got "
+            f"{_described(a_global_sf)}"
+        )
+    scales = a_global_sf.to(torch.float32).reshape(-1).expand(b).contiguous()
+    rows = mask.cpu().clamp(0, m).tolist()
+    kp = (k // 16 + 3) // 4 * 4
+    mp = (m + 127) // 128 * 128
+    x_q = torch.zeros((b, m, k // 2), dtype=torch.uint8, device=a.device)
+    sf = torch.zeros((b, mp * kp), dtype=torch.uint8, device=a.device)
+    for i, n in enumerate(rows):
+        if n == 0:
+            continue
+        x = _silu_and_mul(a[i, :n]) if silu else a[i, :n]
+        _kernels.fp4_quantize(
+            x,
+            scales[i : i + 1],
+            x_q[i, :n],
+            sf[i, : _sf_bytes(n, k // 16, SfLayout.layout_128x4)],
+            16,
+            False,
+            int(SfLayout.layout_128x4),
+            False,
+            max(1, torch.get_num_threads()),
+            _stream(a),
+            nvfp4_4over6=recipe,
+        )
+    sf = sf.view(torch.float8_e4m3fn).view(b, mp // 128, kp // 4, 32, 4, 4)
+    return x_q.permute(1, 2, 0), sf.permute(3, 4, 1, 5, 2, 0)
+
+
+def _described(x):
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {list(x.shape)}"
+    return type(x).__name__
+
+
+@flashinfer_api
+def scaled_fp4_grouped_quantize(a, mask, a_global_sf, nvfp4_4over6=_UNSET):
+    """Quantize a batch of matrices to NVFP4 for FlashInfer's masked grouped GEMM.
+
+    Parameters
+    ----------
+    a : torch.Tensor
+        ``[b, m, k]`` float16, bfloat16 or float32, ``k`` a multiple of 16.
+    mask : torch.Tensor
+        int32 ``[b]``: matrix ``i``'s first ``mask[i]`` rows are quantized; the codes and
+        scales of its other rows are zero (FlashInfer leaves them unwritten).
+    a_global_sf : torch.Tensor
+        float32, one global scale per matrix ``[b]`` (or one for all, ``[1]``).
+    nvfp4_4over6 : NVFP44Over6Config or None, optional
+        The 4over6 recipe, as in :func:`fp4_quantize`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(x_q, sf)``: uint8 codes viewed as ``[m, k // 2, b]`` (stored ``[b, m, k // 2]``)
+        and the 128x4 scales, float8_e4m3fn viewed as
+        ``[32, 4, mp // 128, 4, kp // 4, b]`` (``mp``: ``m`` rounded up to 128, ``kp``:
+        ``k // 16`` rounded up to 4; stored ``[b, mp // 128, kp // 4, 32, 4, 4]``, each
+        matrix's bytes as :func:`fp4_quantize` lays them out).
+    """
+    return _grouped_quantize(a, mask, a_global_sf, _recipe(nvfp4_4over6, False))
+
+
+@flashinfer_api
+def silu_and_mul_nvfp4_quantize(
+    input,
+    global_scale,
+    sf_vec_size=16,
+    is_sf_swizzled_layout=True,
+    is_sf_8x4_layout=False,
+    enable_pdl=None,
+    nvfp4_4over6=_UNSET,
+):
+    """:func:`flashinfer.silu_and_mul` (rounded to ``input``'s dtype), then NVFP4.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[..., 2 * k]`` float16, bfloat16 or float32, contiguous; ``k`` a multiple of 16.
+        The leading dimensions are flattened into ``m``.
+    global_scale : torch.Tensor or float
+        One float32 value, as :func:`nvfp4_quantize` takes it.
+    sf_vec_size : int, optional
+        16 (NotImplementedError otherwise, as in FlashInfer).
+    is_sf_swizzled_layout, is_sf_8x4_layout : bool, optional
+        The scales' layout, as in :func:`fp4_quantize`.
+    enable_pdl : bool, optional
+        Accepted for compatibility (a CUDA launch option).
+    nvfp4_4over6 : NVFP44Over6Config or None, optional
+        The 4over6 recipe, as in :func:`fp4_quantize`.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(x_q, sf)``: uint8 ``[m, k // 2]`` and the scale bytes ``[rows, cols]`` (linear:
+        ``[m, k // 16]``; swizzled: rows padded to 128 or 8, columns to 4).
+    """
+    if sf_vec_size != 16:
+        raise NotImplementedError("sf_vec_size can only be 16 for silu_and_mul_nvfp4_quantize")
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input: expected a torch.Tensor, got {type(input).__name__}")
+    if not input.is_contiguous():
+        raise ValueError("input: must be row-major contiguous")
+    recipe = _recipe(nvfp4_4over6, False)
+    y = _silu_and_mul(input.reshape(-1, input.shape[-1]))
+    x_q, sf = _fp4_quantize(
+        y, global_scale, 16, False, is_sf_swizzled_layout, is_sf_8x4_layout, False, "cuda", recipe
+    )
+    cols = (y.shape[-1] // 16 + 3) // 4 * 4 if is_sf_swizzled_layout else y.shape[-1] // 16
+    return x_q, sf.reshape(-1, cols)

@@ -71,6 +71,14 @@ def get_compute_capability(device):
     return torch.cuda.get_device_capability(device)
 
 
+def version_at_least(version, base_version):
+    """Whether ``version`` is at least ``base_version`` by PEP 440 (``"12.10" >= "12.9"``,
+    ``"0.7.2.post1" >= "0.7.2"``), as FlashInfer's helper; needs the ``packaging`` module."""
+    from packaging import version as pkg_version
+
+    return pkg_version.parse(version) >= pkg_version.parse(base_version)
+
+
 def _runs_sass(arch, cc):
     """Whether SASS built for arch ("80", "90a") runs on compute capability cc."""
     if arch.endswith("a"):

@@ -408,6 +408,27 @@ RELEASE.update(
             "is_sf_8x4_layout=False",
         ),
         "nvfp4_batched_quantize": ("a", "a_global_sf", "sf_vec_size=16"),
+        "scaled_fp4_grouped_quantize": (
+            "a",
+            "mask",
+            "a_global_sf",
+            "nvfp4_4over6=<nvfp4_4over6 unset: read FLASHINFER_NVFP4_4OVER6*>",
+        ),
+        "silu_and_mul_scaled_nvfp4_experts_quantize": (
+            "a",
+            "mask",
+            "a_global_sf",
+            "nvfp4_4over6=<nvfp4_4over6 unset: read FLASHINFER_NVFP4_4OVER6*>",
+        ),
+        "silu_and_mul_nvfp4_quantize": (
+            "input",
+            "global_scale",
+            "sf_vec_size=16",
+            "is_sf_swizzled_layout=True",
+            "is_sf_8x4_layout=False",
+            "enable_pdl=None",
+            "nvfp4_4over6=<nvfp4_4over6 unset: read FLASHINFER_NVFP4_4OVER6*>",
+        ),
         "nvfp4_kv_quantize": ("input", "global_scale"),
         "nvfp4_kv_dequantize": (
             "fp4_data",
