@@ -302,6 +302,12 @@ def main():
                     scratch,
                     args.ring,
                 )
+                times = sorted(r.get("times") or [0.0])
+                print(  # progress, so that a run cut short still says how far it got
+                    f"{mode} ({name}): median {times[len(times) // 2] * 1e3:.1f} ms a step",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 prev = results[name].get(mode)
                 if prev:
                     r["times"] = prev["times"] + r["times"]

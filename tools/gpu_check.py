@@ -259,7 +259,8 @@ def step_ring(args):
         if r.returncode != 0:
             print(r.stdout[-2000:], r.stderr[-3000:])
             return finish(args, findings, False)
-        calls = sorted(d for d in glob.glob(os.path.join(dumps, "*")) if os.path.isdir(d))
+        # the calls' directories (the compact layout keeps its chunk store beside them)
+        calls = sorted(glob.glob(os.path.join(dumps, "*", "metadata.jsonl")))
         session = [json.loads(x) for x in open(os.path.join(dumps, "session.jsonl"))]
         triggers = [x for x in session if x.get("record_type") == "trigger"]
         findings["calls_written"] = len(calls)

@@ -90,7 +90,8 @@ mm_fp4_session() {
 
 serving() {
     [ -f benchmarks/bench_serving.py ] || { echo "benchmarks/bench_serving.py does not exist yet"; return 0; }
-    "$PYTHON" benchmarks/bench_serving.py --device cuda --layers 32 --steps 3 --json "$FIG/serving.json"
+    "$PYTHON" benchmarks/bench_serving.py --device cuda --layers 32 --steps 2 --warmup 1 \
+        --modes level0,level5,level10,level10-compact,ring-memory --json "$FIG/serving.json"
 }
 
 gpu_py() { "$PYTHON" tools/gpu_check.py "$@"; }

@@ -12,7 +12,7 @@
 #include "flashinfer_kernels.h"
 
 #define THREADS 256
-#define MAX_BLOCKS 4096 /* partials of one reduction (scratch room) */
+#define MAX_BLOCKS 1024
 #define PRINT_THREADS 1024
 
 /* Shape and strides with size-1 dimensions dropped, passed by value to the kernels. */
@@ -218,15 +218,7 @@ __global__ void __launch_bounds__(THREADS)
         acc.add(dense_elem<T>::get(data[i]));
     const uint4 *vec = (const uint4 *)(data + head);
     const int64_t nvec = (numel - head) / PER;
-    int64_t i = first;
-    for (; i + step < nvec; i += 2 * step) { /* two loads in flight per thread */
-        uint4 w[2] = {__ldg(vec + i), __ldg(vec + i + step)};
-        const T *e = (const T *)w;
-#pragma unroll
-        for (int k = 0; k < 2 * PER; k++)
-            acc.add(dense_elem<T>::get(e[k]));
-    }
-    for (; i < nvec; i += step) {
+    for (int64_t i = first; i < nvec; i += step) {
         uint4 w = __ldg(vec + i);
         const T *e = (const T *)&w;
 #pragma unroll
@@ -253,54 +245,37 @@ static bool layout_is_dense(const layout &L)
     return true;
 }
 
-/* Blocks of the dense kernel that are resident at once on the device (a grid-stride kernel
- * launched with more leaves a last partial wave: 1024 blocks on 132 SMs holding five each
- * ran as one and a half waves), at most `want`. */
-template <typename T> static int resident_blocks(int device, int64_t want)
-{
-    int sms = 0, per_sm = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stats_dense_kernel<T>, THREADS, 0) !=
-            cudaSuccess ||
-        sms * per_sm <= 0)
-        return want < MAX_BLOCKS ? (int)want : MAX_BLOCKS;
-    int64_t resident = (int64_t)sms * per_sm < MAX_BLOCKS ? (int64_t)sms * per_sm : MAX_BLOCKS;
-    return want < resident ? (int)want : (int)resident;
-}
-
-/* The dtype's dense kernel over numel elements into parts[0 .. *blocks), *blocks set. */
-template <typename T>
-static cudaError_t launch_dense(const fi_tensor *t, int64_t numel, int *blocks, partial *parts,
-                                cudaStream_t st)
-{
-    *blocks = resident_blocks<T>(t->device_index, (numel + THREADS - 1) / THREADS);
-    stats_dense_kernel<<<*blocks, THREADS, 0, st>>>((const T *)t->data, numel, parts);
-    return cudaGetLastError();
-}
-
-/* One partial per block into parts (room for MAX_BLOCKS); *blocks says how many. */
-static cudaError_t launch_partials(const fi_tensor *t, const layout &L, int64_t numel, int *blocks,
+static cudaError_t launch_partials(const fi_tensor *t, const layout &L, int64_t numel, int blocks,
                                    partial *parts, cudaStream_t st)
 {
     if (layout_is_dense(L)) {
         switch (t->dtype) {
         case FI_DTYPE_F32:
-            return launch_dense<float>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const float *)t->data, numel, parts);
+            return cudaGetLastError();
         case FI_DTYPE_F64:
-            return launch_dense<double>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const double *)t->data, numel, parts);
+            return cudaGetLastError();
         case FI_DTYPE_F16:
-            return launch_dense<__half>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const __half *)t->data, numel, parts);
+            return cudaGetLastError();
         case FI_DTYPE_BF16:
-            return launch_dense<__nv_bfloat16>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const __nv_bfloat16 *)t->data, numel,
+                                                           parts);
+            return cudaGetLastError();
         case FI_DTYPE_E4M3FN:
-            return launch_dense<e4m3_code>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const e4m3_code *)t->data, numel,
+                                                           parts);
+            return cudaGetLastError();
         case FI_DTYPE_E5M2:
-            return launch_dense<e5m2_code>(t, numel, blocks, parts, st);
+            stats_dense_kernel<<<blocks, THREADS, 0, st>>>((const e5m2_code *)t->data, numel,
+                                                           parts);
+            return cudaGetLastError();
         default:
             break;
         }
     }
-    stats_partial_kernel<<<*blocks, THREADS, 0, st>>>(t->data, t->dtype, L, numel, parts);
+    stats_partial_kernel<<<blocks, THREADS, 0, st>>>(t->data, t->dtype, L, numel, parts);
     return cudaGetLastError();
 }
 
@@ -384,21 +359,21 @@ extern "C" int fi_stats_cuda(const fi_tensor *t, void *stream, double out[5])
         return fi_cuda_fail("tensor statistics (cuda): cudaSetDevice", guard.err);
     cudaStream_t st = (cudaStream_t)stream;
     int64_t want = (numel + THREADS - 1) / THREADS;
-    int blocks = want < 1024 ? (int)want : 1024; /* the generic kernel's grid */
-    partial *scratch = nullptr;                  /* MAX_BLOCKS partials, then the total */
+    int blocks = want < MAX_BLOCKS ? (int)want : MAX_BLOCKS;
+    partial *scratch = nullptr;
     cudaError_t err =
-        cudaMallocAsync((void **)&scratch, (size_t)(MAX_BLOCKS + 1) * sizeof(partial), st);
+        cudaMallocAsync((void **)&scratch, (size_t)(blocks + 1) * sizeof(partial), st);
     if (err != cudaSuccess)
         return fi_cuda_fail("tensor statistics (cuda): cudaMallocAsync", err);
-    err = launch_partials(t, L, numel, &blocks, scratch, st);
+    err = launch_partials(t, L, numel, blocks, scratch, st);
     if (err == cudaSuccess) {
-        stats_final_kernel<<<1, THREADS, 0, st>>>(scratch, blocks, scratch + MAX_BLOCKS);
+        stats_final_kernel<<<1, THREADS, 0, st>>>(scratch, blocks, scratch + blocks);
         err = cudaGetLastError();
     }
     partial result;
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync(&result, scratch + MAX_BLOCKS, sizeof(result), cudaMemcpyDeviceToHost,
-                              st);
+        err =
+            cudaMemcpyAsync(&result, scratch + blocks, sizeof(result), cudaMemcpyDeviceToHost, st);
     cudaError_t free_err = cudaFreeAsync(scratch, st);
     if (err == cudaSuccess)
         err = free_err;

@@ -123,9 +123,17 @@ def test_quantize_on_a_side_stream():
     _assert_same(cpu, gpu)
 
 
-def test_quantize_global_scale_on_cpu_is_rejected():
-    with pytest.raises(ValueError, match=r"global_scale is on cpu:0 but input is on cuda:0"):
-        nvfp4_quantize(_data(4, 32, 9).cuda(), torch.tensor(1.0))
+def test_quantize_global_scale_on_cpu_is_read_on_the_host():
+    # a one-element CPU global scale is read by value (docs/kernels.md): the same bits as
+    # the scale on the input's device
+    x = _data(4, 32, 9).cuda()
+    host_scale = [t.cpu() for t in nvfp4_quantize(x, torch.tensor(3.0))]
+    _assert_same(host_scale, nvfp4_quantize(x, torch.tensor(3.0).cuda()))
+
+
+def test_quantize_global_scale_of_another_dtype_on_cuda_is_rejected():
+    with pytest.raises(ValueError, match=r"global_scale"):
+        nvfp4_quantize(_data(4, 32, 9).cuda(), torch.tensor(1.0, dtype=torch.float16).cuda())
 
 
 def _dequantize(q, sf_lin, sv, ue8m0):
