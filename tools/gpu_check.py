@@ -416,6 +416,27 @@ def compare(value, op, target):
     return "met" if (value >= target if op == ">=" else value <= target) else "NOT MET"
 
 
+def serving_ratios(data):
+    """bench_serving.py's medians per step as the ratios TARGETS holds (mode over level 0)."""
+    modes = (data.get("results") or {}).get("this tree") or {}
+
+    def median(mode):
+        times = sorted((modes.get(mode) or {}).get("times") or [])
+        return times[len(times) // 2] if times else None
+
+    base = median("level0")
+    ratios = {}
+    for key, mode in (
+        ("level5_ratio", "level5"),
+        ("compact_level10_ratio", "level10-compact"),
+        ("ring_ratio", "ring-memory"),
+    ):
+        t = median(mode)
+        if base and t is not None:
+            ratios[key] = t / base
+    return ratios
+
+
 def step_summary(args):
     steps = []
     with open(args.steps) as f:
@@ -431,6 +452,8 @@ def step_summary(args):
             figures[name] = json.load(open(path))
         except (OSError, ValueError) as e:
             figures[name] = {"error": f"unreadable: {e}"}
+    if isinstance(figures.get("serving"), dict):
+        figures["serving"].update(serving_ratios(figures["serving"]))
     targets = []
     for name, rules in TARGETS.items():
         for key, op, target, meaning in rules:
