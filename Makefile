@@ -25,7 +25,7 @@ FI_VERSION := 0.7.2.post1
 # flashinfer-bench, whose loader reads what `dumps --export-bench` writes (docs/replay.md).
 FI_BENCH_VERSION := 0.1.2
 NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml native/*.pth \
-	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c kernels/cpu/chunk_hash.c)
+	csrc/core/*.[ch] csrc/tensorfile/*.[ch] kernels/cpu/stats.c kernels/cpu/chunk_hash.c kernels/cpu/cpu_isa.c)
 
 .PHONY: all venv build demo test test-flashinfer bench bench-flashinfer lint format asan-test fuzz \
 	fuzz-tools fuzz-run-python gpu-check clean
@@ -34,7 +34,7 @@ all: build
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade "setuptools>=64" wheel
+	$(PIP) install --upgrade "setuptools>=77" wheel
 	$(PIP) install $(DEPS)
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
@@ -53,7 +53,7 @@ test: build
 
 $(FI_VENV)/.deps:
 	$(PYTHON) -m venv $(FI_VENV)
-	$(FI_PIP) install --upgrade "setuptools>=64" wheel
+	$(FI_PIP) install --upgrade "setuptools>=77" wheel
 	$(FI_PIP) install torch==2.13.0
 	$(FI_PIP) install torch==2.13.0 flashinfer-python==$(FI_VERSION) pytest safetensors
 	touch $@

@@ -9,11 +9,12 @@ from .hook import enable
 
 
 def main():
-    """Entry point: serve FlashInfer with the core, then run the click group."""
+    """Entry point: serve FlashInfer with the core, then run the click group (messages
+    name the program as it was run: ``flashinfer-native``, ``python -m flashinfer_native``)."""
     enable()
     from .cli import cli
 
-    cli(prog_name="flashinfer_native")
+    cli()
 
 
 if __name__ == "__main__":

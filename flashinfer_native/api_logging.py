@@ -87,9 +87,11 @@ def _system_info_text(logger, info):
 
 
 def _system_info_json(info):
-    """The header as one JSON record (FLASHINFER_LOGFORMAT=json)."""
+    """The header as one JSON record (FLASHINFER_LOGFORMAT=json). ``native_core: true``
+    says the native core writes this log (docs/logging.md#json-log): FlashInfer's own
+    decorator writes no JSON log, so a worker whose switch did not take effect shows none."""
     record = {"event": "system_info", "timestamp": round(time.time(), 6), "pid": os.getpid()}
-    return json.dumps(dict(record, **info)) + "\n"
+    return json.dumps(dict(record, **info, native_core=True)) + "\n"
 
 
 def _dump_banner_text(logger):

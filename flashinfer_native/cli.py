@@ -1,8 +1,9 @@
 """Command line: ``replay`` (docs/replay.md), ``dumps`` (docs/flight-recorder.md), ``info``,
 ``run`` (docs/serving-flashinfer.md); ``repro``, ``diff``, ``report`` (docs/triage.md).
 
-``cli`` is the click group. It is the ``flashinfer`` command of the mirror package
-(``python -m flashinfer``) and ``python -m flashinfer_native`` of the standalone core.
+``cli`` is the click group: the ``flashinfer-native`` command (``python -m
+flashinfer_native``), and the ``flashinfer`` command of the mirror package (``python -m
+flashinfer``). Messages name the program as it was run (docs/install.md#the-command-line).
 """
 
 import importlib.util
@@ -16,7 +17,7 @@ from collections import Counter
 import click
 import torch
 
-from . import __version__, dumpdir, hook, record, registry
+from . import __version__, calls, dumpdir, hook, record, registry
 from . import replay as _replay
 from .terminal import escape
 
@@ -31,6 +32,7 @@ _MARKS = {
         "⚠️ Incomplete: the process ended during this call (inputs only, not run)",
         "yellow",
     ),
+    "ran": ("✅ Ran (recorded with inputs only: nothing to compare)", "green"),
 }
 
 
@@ -50,10 +52,14 @@ class _Commands(click.Group):
             raise _failure(f"{type(exc).__name__}: {exc}") from None
 
 
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="flashinfer")
+@click.group(
+    "flashinfer-native",
+    cls=_Commands,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, "--version")
 def cli():
-    """flashinfer: replay, inspect and triage level-10 flight-recorder dumps."""
+    """Replay, inspect and triage level-10 flight-recorder dumps."""
 
 
 def _stdout_is_terminal():
@@ -74,11 +80,15 @@ def _device_option(ctx, param, value):
 
 
 def _allow_module_option(ctx, param, value):
-    """The patterns, once their modules imported: a typo is a usage error, not N refusals."""
+    """The patterns, once their modules imported: a module that does not import is one
+    line and exit status 1, not N refusals. The current directory is searched first, as
+    ``python -m`` searches it (a console script's ``sys.path`` lacks it)."""
+    if value and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         registry.import_allowed(value)
     except (ImportError, TypeError) as exc:
-        raise click.BadParameter(str(exc)) from None
+        raise _failure(f"--allow-module: {exc}") from None
     return list(value)
 
 
@@ -136,7 +146,17 @@ def _message(result, status):
     return ""
 
 
-def _call_line(index, result, status, color):
+def _passed_note(result):
+    """What a passed call's line adds: the exception it raised as recorded, or why its
+    outputs were not compared."""
+    metadata = result.get("metadata") or {}
+    if metadata.get("execution_status") == "exception":
+        raised = (metadata.get("exception") or {}).get("type") or "an exception"
+        return f"raised {raised}, as recorded"
+    return result.get("comparison_skipped") or ""
+
+
+def _call_line(index, result, status, color, setup=False):
     """The line of one replayed call; the dump's text in it escaped (``terminal.escape``)
     before the colour is added."""
     name = (result.get("metadata") or {}).get("function_name", "unknown")
@@ -144,14 +164,14 @@ def _call_line(index, result, status, color):
     text = mark
     if status == "error":
         text = f"{mark}: {escape(_message(result, status))}"
-    elif status == "passed" and result.get("comparison_skipped"):
-        text = f"{mark} ({escape(result['comparison_skipped'])})"
+    elif status == "passed" and _passed_note(result):
+        text = f"{mark} ({escape(_passed_note(result))})"
     dir_name = escape(os.path.basename(result.get("dump_dir", "")))
     styled = click.style(text, fg=colour) if color else text
-    return f"[{index}] {escape(name)} ({dir_name}): {styled}"
+    return f"[{index}] {escape(name)} ({dir_name}): {styled}" + (" [setup]" if setup else "")
 
 
-def _report_entry(index, result, status):
+def _report_entry(index, result, status, setup=False):
     metadata = result.get("metadata") or {}
     entry = {
         "index": index,
@@ -161,6 +181,8 @@ def _report_entry(index, result, status):
         "status": status,
         "execution_status": metadata.get("execution_status"),
     }
+    if setup:
+        entry["setup"] = True
     if status == "error":
         entry["message"] = result.get("error") or result.get("execution_error")
     if result.get("mismatches"):
@@ -170,21 +192,57 @@ def _report_entry(index, result, status):
     return entry
 
 
+def _dir_argument(command):
+    """DIR as a positional argument, with ``--dir DIR`` still accepted (the former
+    spelling): every command takes its directory the same way."""
+    command = click.option(
+        "--dir",
+        "dir_option",
+        metavar="DIR",
+        default=None,
+        type=click.Path(exists=True, file_okay=False, dir_okay=True),
+        help="The same as the DIR argument (the former spelling, still accepted).",
+    )(command)
+    return click.argument(
+        "dump_dir",
+        metavar="DIR",
+        required=False,
+        type=click.Path(exists=True, file_okay=False, dir_okay=True),
+    )(command)
+
+
+def _one_dir(dump_dir, dir_option):
+    """The directory given as DIR or --dir (a usage error when neither or both differ)."""
+    if dump_dir is not None and dir_option is not None and dump_dir != dir_option:
+        raise click.UsageError("give the directory once: as DIR or with --dir, not both")
+    chosen = dump_dir if dump_dir is not None else dir_option
+    if chosen is None:
+        raise click.UsageError("Missing argument 'DIR' (a dump root, or one call's directory).")
+    return chosen
+
+
+def _load_session(dump_dir):
+    """The session of DIR; a directory holding no dump is a one-line error (exit 1)."""
+    try:
+        return calls.load_session(dump_dir)
+    except (OSError, ValueError) as exc:
+        raise _failure(exc) from None
+
+
 @cli.command()
-@click.option(
-    "--dir",
-    "dump_dir",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, dir_okay=True),
-    help="One dump directory, or a dump root (FLASHINFER_DUMP_DIR) to replay in call order.",
-)
+@_dir_argument
 @click.option(
     "--device",
     callback=_device_option,
     default=None,
     help="Device for the replay (default: cuda when available, else cpu).",
 )
-@click.option("--include", default=None, help="Comma-separated fnmatch patterns of API names.")
+@click.option(
+    "--include",
+    default=None,
+    help="Comma-separated fnmatch patterns of API names; the __init__ and plan that a "
+    "selected method call needs come along as setup.",
+)
 @click.option("--exclude", default=None, help="Comma-separated fnmatch patterns to skip.")
 @click.option("--rtol", type=float, default=1e-3, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-3, show_default=True, help="Absolute tolerance.")
@@ -198,6 +256,18 @@ def _report_entry(index, result, status):
 @_allow_modules_option
 @_allow_jit_args_option
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and every mismatch.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary line.")
+@click.option(
+    "--failures-only",
+    is_flag=True,
+    help="Print only the calls that did not pass (and the summary).",
+)
+@click.option(
+    "--run-incomplete",
+    is_flag=True,
+    help="Also run the calls recorded with inputs only (the process ended during the "
+    "call): nothing to compare, they pass when they return.",
+)
 @click.option(
     "--against",
     type=click.Choice(["recording", "reference"]),
@@ -216,6 +286,7 @@ def _report_entry(index, result, status):
 )
 def replay(
     dump_dir,
+    dir_option,
     device,
     include,
     exclude,
@@ -225,40 +296,42 @@ def replay(
     allow_modules,
     allow_jit_args,
     verbose,
+    quiet,
+    failures_only,
+    run_incomplete,
     against,
     per_rank,
 ):
     """Replay recorded API calls and compare them with their recorded outputs.
 
-    Only registered @flashinfer_api functions and classes of allowed modules are
-    called (flashinfer, plus --allow-module); a dump naming anything else is refused.
+    DIR is one call's dump directory, or a dump root (FLASHINFER_DUMP_DIR) replayed in
+    call order. Only registered @flashinfer_api functions and classes of allowed
+    modules are called (flashinfer, plus --allow-module); a dump naming anything else
+    is refused.
 
     Exit status: 0 when every call passed, 1 when any call failed, mismatched, was
-    refused or incomplete (or none was found), 2 for bad arguments or a missing
-    directory. With --per-rank every rank exits 1 when any rank had a failure.
-    With --against reference: 0 when no call mismatched or failed to load (calls
-    without a reference are listed, not failed), 1 otherwise.
+    refused or incomplete, or DIR holds no dump or no call matches the filters, 2 for
+    bad arguments or a missing directory. With --per-rank every rank exits 1 when any
+    rank had a failure. With --against reference: 0 when no call mismatched or failed
+    to load (calls without a reference are listed, not failed), 1 otherwise.
     """
-    single = os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE))
-    if single:
-        try:
-            records = dumpdir.read_metadata(dump_dir)
-        except (OSError, ValueError):
-            records = None
-        entries = [(dump_dir, records)]
-    else:
-        entries = dumpdir.ordered_dumps(dump_dir, include, exclude)
-    if against == "reference" and per_rank:
-        raise click.UsageError("--per-rank replays calls; --against reference runs no kernel")
+    dump_dir = _one_dir(dump_dir, dir_option)
+    session = _load_session(dump_dir)
+    selected = session.select(include, exclude)
+    if not selected:
+        raise _failure(_nothing_selected(session, dump_dir, include, exclude))
     if against == "reference":
+        if per_rank:
+            raise click.UsageError("--per-rank replays calls; --against reference runs no kernel")
         from .reference_cli import replay_against_reference
 
         source = click.get_current_context().get_parameter_source
         given = {n: v for n, v in (("rtol", rtol), ("atol", atol)) if source(n).name != "DEFAULT"}
+        entries = [(call.path, [call.record] if call.record else None) for call, _ in selected]
         status = replay_against_reference(
             dump_dir,
             entries,
-            single,
+            session.single,
             device,
             given,
             json_path,
@@ -266,62 +339,87 @@ def replay(
             (allow_modules, allow_jit_args),
         )
         sys.exit(status)
+    options = _ReplayOptions(rtol, atol, verbose, (allow_modules, allow_jit_args), run_incomplete)
     if per_rank:
-        _replay_per_rank(
-            dump_dir,
-            entries,
-            single,
-            device,
-            rtol,
-            atol,
-            json_path,
-            verbose,
-            (allow_modules, allow_jit_args),
-        )
+        _replay_per_rank(dump_dir, selected, session.single, device, json_path, options)
         return
     device = _replay._resolve_device(device)
-    header = "single dump" if single else "session"
-    _say(f"Replaying {header} from {dump_dir}...")
-    counts, report = _replay_entries(
-        entries, device, rtol, atol, verbose, click.echo, (allow_modules, allow_jit_args)
-    )
-    if not entries:
-        _say(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
+    header = "single dump" if session.single else "session"
+    shown = "all"
+    if quiet:
+        shown = "none"
+    elif failures_only:
+        shown = "failures"
+    if shown != "none":
+        _say(f"Replaying {header} from {dump_dir}...")
+    counts, report = _replay_entries(selected, device, options, click.echo, shown)
     click.echo(_summary_line(counts))
     if json_path:
         _write_json(
             json_path,
-            _json_report(dump_dir, single, str(device), rtol, atol, len(entries), counts, report),
+            _json_report(dump_dir, session.single, str(device), options, counts, report),
         )
-    sys.exit(0 if entries and counts["passed"] == len(entries) else 1)
+    sys.exit(0 if _all_passed(counts) else 1)
 
 
-def _replay_entries(entries, device, rtol, atol, verbose, echo, allow):
-    """Replay ``entries`` in order with one object registry, calling only APIs of allowed
-    modules (``allow``: ``(allow_modules, allow_jit_args)``); ``echo`` takes each output
-    line. Returns (Counter of outcomes, list of report entries)."""
+class _ReplayOptions:
+    """What every replayed call of one command shares."""
+
+    def __init__(self, rtol, atol, verbose, allow, run_incomplete):
+        self.rtol, self.atol, self.verbose = rtol, atol, verbose
+        self.allow, self.run_incomplete = allow, run_incomplete
+
+
+def _nothing_selected(session, dump_dir, include, exclude):
+    apis = sorted({c.api for c in session})
+    listed = ", ".join(apis[:8]) + (", ..." if len(apis) > 8 else "")
+    return (
+        f"no call of {dump_dir} matches --include {include or '*'!r} --exclude "
+        f"{exclude or ''!r} ({len(session)} calls of {len(apis)} APIs: {listed})"
+    )
+
+
+def _all_passed(counts):
+    total = sum(counts.values())
+    good = counts["passed"] + counts["ran"] + counts["setup passed"]
+    return total > 0 and good == total
+
+
+def _replay_entries(selected, device, options, echo, shown="all"):
+    """Replay the ``(Call, setup)`` pairs in order with one object registry; ``echo``
+    takes each output line, ``shown`` says which (``all``, ``failures``, ``none``).
+    Returns (Counter of outcomes, list of report entries)."""
     tty = echo is click.echo and _stdout_is_terminal()
     objects = {}
     counts = Counter()
     report = []
-    for index, (path, records) in enumerate(entries, 1):
+    for index, (call, setup) in enumerate(selected, 1):
         if tty:
-            click.echo(
-                f"  replaying {index}/{len(entries)} {escape(os.path.basename(path))}...", nl=False
-            )
-        result = _replay.replay_entry(path, records, objects, device, rtol, atol, *allow)
+            click.echo(f"  replaying {index}/{len(selected)} {escape(call.dir_name)}...", nl=False)
+        result = _replay.replay_entry(
+            call.path,
+            [call.record] if call.record else None,
+            objects,
+            device,
+            options.rtol,
+            options.atol,
+            *options.allow,
+            run_incomplete=options.run_incomplete,
+        )
         if tty:
             click.echo("\r\x1b[K", nl=False)
         status = _replay.classify(result)
-        counts[status] += 1
-        echo(_call_line(index, result, status, tty))
+        counts[f"setup {status}" if setup else status] += 1
+        report.append(_report_entry(index, result, status, setup))
+        if shown == "none" or (shown == "failures" and status in ("passed", "ran")):
+            continue
+        echo(_call_line(index, result, status, tty, setup))
         mismatches = (result.get("mismatches") or []) if status == "mismatch" else []
-        for line in mismatches if verbose else mismatches[:3]:
+        for line in mismatches if options.verbose else mismatches[:3]:
             echo(escape(f"    {line}", limit=_MAX_LINE))
-        if verbose and status == "error" and result.get("traceback"):
+        if options.verbose and status == "error" and result.get("traceback"):
             for line in result["traceback"].rstrip().splitlines():
                 echo(escape(line, limit=_MAX_LINE))
-        report.append(_report_entry(index, result, status))
     return counts, report
 
 
@@ -330,29 +428,38 @@ def _summary_line(counts):
     summary = f"Summary: {counts['passed']} passed, {failed} failed/mismatch"
     if counts["incomplete"]:
         summary += f", {counts['incomplete']} incomplete"
+    if counts["ran"]:
+        summary += f", {counts['ran']} incomplete ran (nothing to compare)"
+    setup = {k[6:]: n for k, n in counts.items() if k.startswith("setup ") and n}
+    if setup:
+        parts = ", ".join(f"{n} {status}" for status, n in sorted(setup.items()))
+        summary += f"; {sum(setup.values())} setup calls ({parts})"
     return summary
 
 
-def _json_report(dump_dir, single, device, rtol, atol, total, counts, report):
+def _json_report(dump_dir, single, device, options, counts, report):
+    setup = {k[6:]: n for k, n in counts.items() if k.startswith("setup ")}
     return {
         "dir": os.path.abspath(dump_dir),
         "mode": "single" if single else "session",
         "device": device,
-        "rtol": rtol,
-        "atol": atol,
+        "rtol": options.rtol,
+        "atol": options.atol,
         "summary": {
-            "total": total,
+            "total": sum(n for k, n in counts.items() if not k.startswith("setup ")),
             "passed": counts["passed"],
             "failed": counts["mismatch"] + counts["error"],
             "mismatch": counts["mismatch"],
             "error": counts["error"],
             "incomplete": counts["incomplete"],
+            "ran": counts["ran"],
+            "setup": dict(sorted(setup.items())),
         },
         "results": report,
     }
 
 
-def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, verbose, allow):
+def _replay_per_rank(dump_dir, selected, single, device, json_path, options):
     """``replay --per-rank``: this rank's calls, then one merged summary from rank 0."""
     from .distributed import RankSession
 
@@ -360,11 +467,13 @@ def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, v
         session = RankSession(device)
     except RuntimeError as exc:
         raise click.UsageError(str(exc)) from None
+    by_path = {call.path: (call, setup) for call, setup in selected}
+    entries = [(c.path, [c.record] if c.record else None) for c, _ in selected]
     try:
         mine, problems = session.mine(entries)
         lines = []
         counts, report = _replay_entries(
-            mine, session.device, rtol, atol, verbose, lines.append, allow
+            [by_path[path] for path, _ in mine], session.device, options, lines.append
         )
         outcomes = session.gather((str(session.device), len(mine), lines, counts, report))
     finally:
@@ -373,7 +482,7 @@ def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, v
     for counts_of_rank in (o[3] for o in outcomes):
         total.update(counts_of_rank)
     replayed = sum(o[1] for o in outcomes)
-    ok = replayed > 0 and not problems and total["passed"] == replayed
+    ok = replayed > 0 and not problems and _all_passed(total)
     if session.rank == 0:
         header = "single dump" if single else "session"
         _say(f"Replaying {header} from {dump_dir} on {session.world_size} ranks...")
@@ -385,7 +494,7 @@ def _replay_per_rank(dump_dir, entries, single, device, rtol, atol, json_path, v
             _say(f"Not replayed: {problem}")
         click.echo(f"{_summary_line(total)} ({session.world_size} ranks)")
         if json_path:
-            data = _json_report(dump_dir, single, "per-rank", rtol, atol, replayed, total, [])
+            data = _json_report(dump_dir, single, "per-rank", options, total, [])
             data["ranks"] = [
                 {"rank": rank, "device": o[0], "calls": o[1], "results": o[4]}
                 for rank, o in enumerate(outcomes)
@@ -406,14 +515,14 @@ def _write_json(path, data):
 
 
 @cli.command()
-@click.option(
-    "--dir",
-    "dump_dir",
-    default=None,
-    type=click.Path(exists=True, file_okay=False, dir_okay=True),
-    help="Dump root (FLASHINFER_DUMP_DIR) holding session.jsonl.",
-)
+@_dir_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the counts, no list of calls.")
+@click.option(
+    "--failures-only",
+    is_flag=True,
+    help="List only the calls that raised, did not finish or cannot be read.",
+)
 @click.option(
     "--coverage",
     is_flag=True,
@@ -423,11 +532,10 @@ def _write_json(path, data):
 @click.option(
     "--export-bench",
     "export_bench",
-    nargs=2,
     type=click.Path(),
-    metavar="D OUT",
+    metavar="OUT",
     default=None,
-    help="Write each completed call of a traced API under dump root D as a flashinfer-bench "
+    help="Write each completed call of a traced API under DIR as a flashinfer-bench "
     "workload (definition JSON, workload JSONL, safetensors inputs) into the new folder OUT.",
 )
 @click.option(
@@ -446,19 +554,30 @@ def _write_json(path, data):
     default=None,
     metavar="SRC OUT",
     help="Write the session at SRC (compact layout) to the new folder OUT in FlashInfer's "
-    "layout: one .pt per manifest, holes for unrecorded pages.",
+    "layout: one .pt per manifest, holes for unrecorded pages (DIR is not needed).",
 )
-def dumps(dump_dir, as_json, coverage, export_bench, allow_modules, export):
+def dumps(
+    dump_dir,
+    dir_option,
+    as_json,
+    quiet,
+    failures_only,
+    coverage,
+    export_bench,
+    allow_modules,
+    export,
+):
     """Summarise a recorded session: calls per API, completed, exception and crashed calls,
-    and the flight recorder's triggers (the triggering call is marked). With --export SRC
-    OUT, convert a compact-layout session into FlashInfer's layout instead
-    (docs/dump-format.md).
+    the flight recorder's triggers (the triggering call is marked) and the calls the
+    recorder skipped. With --export SRC OUT, convert a compact-layout session into
+    FlashInfer's layout instead (docs/dump-format.md).
 
-    --coverage lists how each recorded API can be checked here; --export-bench D OUT
-    writes the calls as flashinfer-bench workloads (neither, nor --export, needs --dir).
+    --coverage lists how each recorded API can be checked here; --export-bench OUT
+    writes the calls as flashinfer-bench workloads.
 
-    Exit status: 0 when the session was read (or exported), 1 when it cannot be read or
-    exported (a one-line error says why), 2 for bad arguments or a missing directory.
+    Exit status: 0 when the session was read (or exported), 1 when it cannot be read, DIR
+    holds no dump or the export fails (a one-line error says why), 2 for bad arguments or
+    a missing directory.
     """
     if export:
         from .export import export_session
@@ -472,27 +591,29 @@ def dumps(dump_dir, as_json, coverage, export_bench, allow_modules, export):
             f"{export[0]} to {export[1]}"
         )
         return
+    dump_dir = _one_dir(dump_dir, dir_option)
     if export_bench is not None or coverage:
         from .reference_cli import dumps_coverage, dumps_export_bench
 
         if export_bench is not None:
-            dumps_export_bench(export_bench[0], export_bench[1], allow_modules)
+            dumps_export_bench(dump_dir, export_bench, allow_modules)
         else:
-            dumps_coverage(_needs_dir(dump_dir), as_json, allow_modules)
+            dumps_coverage(dump_dir, as_json, allow_modules)
         return
-    dump_dir = _needs_dir(dump_dir)
-    try:
-        s = dumpdir.summarize_session(dump_dir)
-    except (OSError, ValueError) as exc:
-        raise _failure(exc) from None
+    s = calls.summarize(_load_session(dump_dir))
     if as_json:
         click.echo(json.dumps(s, indent=2))
         return
     _say(f"Session {s['root']} ({s['source']})")
-    click.echo(
+    counts = (
         f"{s['calls']} calls: {len(s['completed'])} completed, {len(s['exception'])} "
         f"exception, {len(s['incomplete'])} incomplete"
     )
+    if s["unreadable"]:
+        counts += f", {len(s['unreadable'])} unreadable"
+    click.echo(counts)
+    for reason, n in s["skipped"].items():
+        _say(f"Calls not dumped: {n} ({reason})")
     click.echo(f"Tensor bytes recorded: {s['recorded_bytes']}, on disk: {s['disk_bytes']}")
     if s["unreadable_records"]:
         click.echo(f"Unreadable records skipped: {s['unreadable_records']}")
@@ -513,14 +634,17 @@ def dumps(dump_dir, as_json, coverage, export_bench, allow_modules, export):
                 f"  {what} at {t['dir']} (pid {t['process_id']}): "
                 f"{t['calls_written']} calls written"
             )
-    click.echo("Calls per API:")
-    for api, n in s["per_api"].items():
-        _say(f"  {api}: {n}")
+    if quiet:
+        return
+    if not failures_only:
+        click.echo("Calls per API:")
+        for api, n in s["per_api"].items():
+            _say(f"  {api}: {n}")
 
     def mark(name):
         return f"  <- trigger: {fired[name]}" if name in fired else ""
 
-    if s["completed"]:
+    if s["completed"] and not failures_only:
         click.echo("Completed calls:")
         for name in s["completed"]:
             _say(f"  {name}{mark(name)}")
@@ -532,12 +656,10 @@ def dumps(dump_dir, as_json, coverage, export_bench, allow_modules, export):
         click.echo("Incomplete calls (the process ended during the call):")
         for name in s["incomplete"]:
             _say(f"  {name}{mark(name)}")
-
-
-def _needs_dir(dump_dir):
-    if dump_dir is None:
-        raise click.UsageError("Missing option '--dir'.")
-    return dump_dir
+    if s["unreadable"]:
+        click.echo("Unreadable calls:")
+        for e in s["unreadable"]:
+            _say(f"  {e['dir']}: {_first_line(e['error'])}")
 
 
 def _tolerances(command):
@@ -626,11 +748,9 @@ _DIFF_MARKS = {
 
 
 def _command():
-    """How the user runs this command line here: ``python -m flashinfer_native`` next to
-    an installed FlashInfer (whose own ``flashinfer`` command has no triage commands),
-    else ``flashinfer``."""
-    root = click.get_current_context().find_root().info_name
-    return "python -m flashinfer_native" if root == "flashinfer_native" else "flashinfer"
+    """The command as the user ran it (``flashinfer-native``, ``python -m flashinfer``, ...),
+    for the commands a message suggests."""
+    return click.get_current_context().find_root().info_name
 
 
 def _diff_sides(entry, roots):
@@ -760,7 +880,9 @@ def diff(a, b, rtol, atol, json_path, verbose):
 
 
 @cli.command()
-@click.argument("dump_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True))
+@click.argument(
+    "dump_dir", metavar="DIR", type=click.Path(exists=True, file_okay=False, dir_okay=True)
+)
 @click.option(
     "-o",
     "--output",
@@ -774,7 +896,7 @@ def diff(a, b, rtol, atol, json_path, verbose):
     "--replay-json",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help="The report of `flashinfer replay --json` for this session: adds each call's result.",
+    help="The report of `replay --json` for this session: adds each call's result.",
 )
 @click.option(
     "--max-calls",
@@ -786,13 +908,14 @@ def diff(a, b, rtol, atol, json_path, verbose):
 def report(dump_dir, out, replay_json, max_calls):
     """Write a session as one static HTML page (no network, no JavaScript).
 
-    Timeline of the calls per API coloured by status, a table of every call, and per
-    call its tensors with shape, dtype, level-5 statistics and a histogram (computed in
-    C from the dump files). Reads the dumps only.
+    A summary per API, a timeline of the calls per API coloured by status (aggregated
+    over time for large sessions), a table of every call with its input shapes, and per
+    call its arguments by name and its tensors with shape, dtype, level-5 statistics and
+    a histogram (computed in C from the dump files). Reads the dumps only.
 
-    Exit status: 0 when the page was written, 1 when the session cannot be read or the
-    page cannot be written (a one-line error says why), 2 for bad arguments or a missing
-    directory.
+    Exit status: 0 when the page was written, 1 when the session cannot be read, DIR
+    holds no dump or the page cannot be written (a one-line error says why), 2 for bad
+    arguments or a missing directory.
     """
     from .report import write_report
 
@@ -817,19 +940,31 @@ def _flashinfer_package():
 
 @cli.command()
 def info():
-    """Show versions, whether CUDA kernels were built, and the GPUs visible.
+    """Show whether the native core serves FlashInfer here, versions, the core's build
+    and the GPUs visible.
 
     Exit status: 0.
     """
     from . import _C
 
     package = _flashinfer_package()
+    state = hook.status()
+    click.echo(f"flashinfer-native: {__version__} ({os.path.dirname(_C.__file__)})")
     if package is None:
         click.echo("flashinfer: not installed")
     else:
         click.echo(f"flashinfer: {package[0]} ({package[1]})")
-    click.echo(f"flashinfer_native: {__version__}")
+    served = {True: "yes", False: "no (FlashInfer's own decorator)", None: "not imported"}
+    click.echo(f"served by the native core in this process: {served[state['served']]}")
+    click.echo(f"import hook in this process: {'installed' if state['hook_installed'] else 'no'}")
+    variable = state["variable"]
+    meaning = "on" if state["switched_on"] else "off"
+    shown = "unset" if variable is None else repr(variable)
+    click.echo(f"FLASHINFER_NATIVE_LOGGING: {shown} ({meaning} for processes started here)")
+    where = state["hook_file"] or f"not installed ({hook.INSTALL_HINT} installs it)"
+    click.echo(f"start-up hook (.pth): {where}")
     click.echo(f"torch: {torch.__version__}")
+    click.echo(f"CPU paths: {_C.cpu_isa_paths} (this process: {_C.cpu_isa()})")
     built = [("CUDA statistics kernel built", _C)]
     if package is not None and package[2]:
         from flashinfer import _kernels
@@ -855,26 +990,58 @@ def info():
     is_flag=True,
     help="TARGET is a module to run as __main__ (like python -m), not a script path.",
 )
+@click.option(
+    "--level",
+    type=click.Choice(["0", "1", "3", "5", "10"]),
+    default=None,
+    help="Sets FLASHINFER_LOGLEVEL.",
+)
+@click.option("--dump-dir", metavar="DIR", default=None, help="Sets FLASHINFER_DUMP_DIR.")
+@click.option("--ring", type=click.IntRange(min=1), default=None, help="Sets FLASHINFER_DUMP_RING.")
+@click.option("--dump-on", metavar="TRIGGERS", default=None, help="Sets FLASHINFER_DUMP_ON.")
+@click.option("--include", metavar="PATTERNS", default=None, help="Sets FLASHINFER_DUMP_INCLUDE.")
 @click.argument("target")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(as_module, target, args):
+def run(as_module, level, dump_dir, ring, dump_on, include, target, args):
     """Run a Python script (or -m module) with FlashInfer served by the native core.
 
     The same as FLASHINFER_NATIVE_LOGGING=1: every @flashinfer_api of the installed
     FlashInfer logs, records and replays through the core, at FLASHINFER_LOGLEVEL. The
-    variable is set for the processes the script starts, too. ARGS go to the script.
-    Exit status: the script's own; 1 when the core's extension is not installed; 2 when
-    TARGET is not a file.
+    variable is set for the processes the script starts, too, and so are the variables
+    the options set. ARGS go to the script.
+
+    Exit status: the script's own; 1 when the core's extension is not installed or the
+    -m module cannot be found; 2 when TARGET is not a file.
     """
+    # each option sets its variable (docs/logging.md#environment-variables)
+    if level is not None:
+        os.environ["FLASHINFER_LOGLEVEL"] = level
+    if dump_dir is not None:
+        os.environ["FLASHINFER_DUMP_DIR"] = dump_dir
+    if ring is not None:
+        os.environ["FLASHINFER_DUMP_RING"] = str(ring)
+    if dump_on is not None:
+        os.environ["FLASHINFER_DUMP_ON"] = dump_on
+    if include is not None:
+        os.environ["FLASHINFER_DUMP_INCLUDE"] = include
     os.environ["FLASHINFER_NATIVE_LOGGING"] = "1"
+    if as_module:
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError) as exc:
+            raise _failure(f"cannot run module {target!r}: {exc}") from None
+        if not found:
+            raise _failure(f"no module named {target!r} (run -m takes a module name)")
+    elif not os.path.isfile(target):
+        raise click.BadParameter(f"{target!r} is not a file", param_hint="TARGET")
     if not hook.activate():
         sys.exit(1)
     sys.argv = [target, *args]
     if as_module:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
         return
-    if not os.path.isfile(target):
-        raise click.BadParameter(f"{target!r} is not a file", param_hint="TARGET")
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
     runpy.run_path(target, run_name="__main__")
 

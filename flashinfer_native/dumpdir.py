@@ -1,7 +1,7 @@
-"""Reading a level-10 dump tree: metadata records, tensor files, call order, session summary.
+"""Reading a level-10 dump tree: metadata records, tensor files, call order, session.jsonl.
 
 Everything here only reads: it never imports a module or calls anything named by a
-dump (docs/security.md). Replay (``replay.py``) and the command line (``cli.py``) share it.
+dump (docs/security.md). The session model (``calls.py``) is built on it.
 """
 
 import errno
@@ -10,7 +10,6 @@ import math
 import os
 import re
 import stat
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +32,6 @@ __all__ = [
     "record_type_problem",
     "refuse_link",
     "size_text",
-    "summarize_session",
     "tensor_file",
 ]
 
@@ -381,11 +379,11 @@ def ordered_dumps(root_dir, include=None, exclude=None):
     return [e for _, e in sorted(zip(keys, entries), key=lambda pair: pair[0])]
 
 
-# ------------------------------------------------------------- session summary
+# ------------------------------------------------------------- session.jsonl
 
 
 @dataclass
-class Session:
+class SessionFile:
     """What :func:`read_session` read: ``records`` as ``(line number, record)``, lines
     that are not JSON objects (a process killed mid-write cuts its last line) counted in
     ``unreadable``, the numbers of lines longer than ``record.MAX_LINE_BYTES`` (skipped
@@ -414,7 +412,7 @@ def read_session(root):
     path = os.path.join(os.fspath(root), SESSION_FILE)
     if not os.path.lexists(path):
         return None
-    session = Session(path)
+    session = SessionFile(path)
     with open_regular(path) as f:
         for lineno, line in rec.bounded_lines(f):
             if line is None:
@@ -432,100 +430,3 @@ def read_session(root):
                 raise ValueError(f"{path}: line {lineno}: {problem}")
             session.records.append((lineno, record))
     return session
-
-
-def _session_records(root):
-    """Records of ``session.jsonl`` (or of every metadata.jsonl when it is missing):
-    ``(records, unreadable, oversized, source)``."""
-    session = read_session(root)
-    if session is not None:
-        records = [r for _, r in session.records]
-        return records, session.unreadable, session.oversized, session.path
-    bad = 0
-    records = []
-    for dump in find_dump_dirs(root):
-        try:
-            for record in read_metadata(dump):
-                records.append(dict(record, dump_dir=record.get("dump_dir", dump)))
-        except (OSError, ValueError):
-            bad += 1
-    return records, bad, [], None
-
-
-def _dir_bytes(path):
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, name))
-            except OSError:
-                pass
-    return total
-
-
-def _as_int(value):
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
-def summarize_session(root):
-    """Summary of a dump root: calls per API, completed/exception/incomplete dumps, and
-    the flight recorder's triggers (``triggers``: what fired and the triggering call)."""
-    records, bad, oversized, source = _session_records(root)
-    last = {}
-    triggers = []
-    for record in records:
-        if record.get("record_type") == "trigger":
-            triggers.append(_trigger_summary(record))
-            continue
-        # a graph snapshot's records name the call they belong to
-        key = str(record.get("graph_capture_base_dump_dir") or record.get("dump_dir", ""))
-        last[key] = record
-    per_api = Counter(str(r.get("function_name", "unknown")) for r in last.values())
-    completed, exceptions, incomplete = [], [], []
-    recorded = 0
-    for dump, record in last.items():
-        name = os.path.basename(dump.rstrip("/"))
-        info = record.get("tensor_info")
-        info = info if isinstance(info, dict) else {}
-        status = record.get("execution_status")
-        if status == "completed":
-            completed.append(name)
-            recorded += _as_int(info.get("total_size_bytes") or info.get("input_size_bytes"))
-        elif status == "exception":
-            exc = record.get("exception")
-            exc = exc if isinstance(exc, dict) else {}
-            exceptions.append({"dir": name, "type": exc.get("type"), "message": exc.get("message")})
-            recorded += _as_int(info.get("input_size_bytes"))
-        else:
-            incomplete.append(name)
-            recorded += _as_int(info.get("input_size_bytes"))
-    return {
-        "root": os.path.abspath(root),
-        "source": source or "metadata.jsonl files (no session.jsonl)",
-        "calls": len(last),
-        "per_api": dict(per_api.most_common()),
-        "completed": sorted(completed),
-        "exception": sorted(exceptions, key=lambda e: e["dir"]),
-        "incomplete": sorted(incomplete),
-        "recorded_bytes": recorded,
-        "disk_bytes": _dir_bytes(root),
-        "unreadable_records": bad,
-        "oversized_lines": oversized,
-        "triggers": triggers,
-    }
-
-
-def _trigger_summary(record):
-    """A flight-recorder trigger record: what fired, at which call (directory name)."""
-    return {
-        "trigger": record.get("trigger"),
-        "signal": record.get("signal"),
-        "dir": os.path.basename(str(record.get("dump_dir", "")).rstrip("/")),
-        "function_name": record.get("function_name"),
-        "time": record.get("time"),
-        "process_id": record.get("process_id"),
-        "calls_written": record.get("calls_written"),
-    }

@@ -14,6 +14,9 @@ finder's loader
    templates are handed to FlashInfer's own ``_attach_fi_trace``), ``replay_from_dump``,
    ``replay_sequence``, ``flush_graph_dumps``, ``clear_graph_dumps``, ``load_tensors``.
 
+Without the switch, :func:`surface` (the start-up hook's other branch) only adds
+``load_tensors`` to FlashInfer's own ``api_logging``, which keeps its own logging.
+
 FlashInfer versions other than ``TESTED_VERSIONS`` get one warning and are served all
 the same. A FlashInfer whose ``api_logging`` has no ``flashinfer_api``, or that has no
 ``api_logging`` at all, is left to itself with a warning. The repository's own
@@ -31,11 +34,14 @@ import warnings
 __all__ = [
     "INSTALL_HINT",
     "TESTED_VERSIONS",
+    "FlashInferActivationWarning",
     "FlashInferVersionWarning",
     "activate",
     "disable",
     "enable",
     "is_enabled",
+    "status",
+    "surface",
 ]
 
 TESTED_VERSIONS = ("0.7.2.post1",)
@@ -48,8 +54,13 @@ class FlashInferVersionWarning(UserWarning):
     """The installed FlashInfer is not one the native core was tested with."""
 
 
-def _warn(message):
-    warnings.warn(f"flashinfer_native: {message}", FlashInferVersionWarning, stacklevel=3)
+class FlashInferActivationWarning(UserWarning):
+    """The native core was switched on after FlashInfer was imported: FlashInfer keeps its
+    own logging in this process."""
+
+
+def _warn(message, category=FlashInferVersionWarning):
+    warnings.warn(f"flashinfer_native: {message}", category, stacklevel=3)
 
 
 def _is_our_mirror(package_path):
@@ -139,11 +150,32 @@ class _PackageLoader(_DelegatingLoader):
             )
 
 
+def load_tensors(path):
+    """``flashinfer_native.dumpdir.load_tensors`` (imported on first use), for
+    FlashInfer's own ``api_logging`` without the switch."""
+    from .dumpdir import load_tensors as load
+
+    return load(path)
+
+
+class _SurfaceLoader(_DelegatingLoader):
+    """Runs FlashInfer's api_logging as it is (its own logging), then adds
+    ``load_tensors`` when FlashInfer has none."""
+
+    def exec_module(self, module):
+        self.original.exec_module(module)
+        module.__dict__.setdefault("load_tensors", load_tensors)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
-    """Hands out the loaders above for FlashInfer's package and its api_logging."""
+    """Hands out the loaders above for FlashInfer's package and its api_logging: serving
+    (``enable``), or only adding ``load_tensors`` (``surface``)."""
+
+    def __init__(self, serve):
+        self.serve = serve
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in (PACKAGE, MODULE):
+        if fullname not in (PACKAGE, MODULE) or (not self.serve and fullname == PACKAGE):
             return None
         spec = self._spec_from_others(fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
@@ -151,13 +183,16 @@ class _Finder(importlib.abc.MetaPathFinder):
         search = spec.submodule_search_locations if fullname == PACKAGE else path
         if search is None or _is_our_mirror(search):
             return None
-        wrap = _PackageLoader if fullname == PACKAGE else _ApiLoggingLoader
+        if not self.serve:
+            wrap = _SurfaceLoader
+        else:
+            wrap = _PackageLoader if fullname == PACKAGE else _ApiLoggingLoader
         spec.loader = wrap(spec.loader)
         return spec
 
     def _spec_from_others(self, fullname, path, target):
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
@@ -165,12 +200,22 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-_FINDER = _Finder()
+_FINDER = _Finder(serve=True)
+_SURFACE = _Finder(serve=False)
 
 
 def is_enabled():
     """Whether the finder is installed in ``sys.meta_path``."""
     return _FINDER in sys.meta_path
+
+
+def surface():
+    """Without the switch: FlashInfer's own ``api_logging`` gains ``load_tensors`` when
+    it is imported, and nothing else changes (the start-up hook calls this when
+    ``FLASHINFER_NATIVE_LOGGING`` is unset or 0). Imports neither torch nor the
+    extension."""
+    if not is_enabled() and _SURFACE not in sys.meta_path:
+        sys.meta_path.insert(0, _SURFACE)
 
 
 def enable():
@@ -185,6 +230,8 @@ def enable():
         True when FlashInfer will be served (the finder is in place and FlashInfer
         was not imported yet).
     """
+    with contextlib.suppress(ValueError):
+        sys.meta_path.remove(_SURFACE)
     if not is_enabled():
         sys.meta_path.insert(0, _FINDER)
     served = sys.modules.get(MODULE)
@@ -192,7 +239,8 @@ def enable():
         if not _is_our_mirror(getattr(sys.modules.get(PACKAGE), "__path__", [])):
             _warn(
                 "flashinfer was imported before the native core was activated: its APIs "
-                "keep FlashInfer's own logging (activate before importing flashinfer)"
+                "keep FlashInfer's own logging (activate before importing flashinfer)",
+                FlashInferActivationWarning,
             )
         return False
     return True
@@ -229,6 +277,48 @@ def activate():
         _missing_core("not installed")
         return False
     return enable()
+
+
+HOOK_FILE = "flashinfer_native_hook.pth"
+
+
+def _hook_file():
+    """The start-up hook's ``.pth`` file in this environment's site-packages, or None."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    for directory in dirs:
+        path = os.path.join(directory, HOOK_FILE)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def status():
+    """Whether the native core serves FlashInfer in this process, and why.
+
+    Returns
+    -------
+    dict
+        ``variable``: the value of ``FLASHINFER_NATIVE_LOGGING`` (None when unset);
+        ``switched_on``: it asks for the core; ``hook_file``: the start-up hook's
+        ``.pth`` file, or None when ``pip install ./native`` did not install one here;
+        ``hook_installed``: the finder is in ``sys.meta_path`` of this process;
+        ``flashinfer_imported``: ``flashinfer.api_logging`` was imported;
+        ``served``: it is served by the native core (None before it is imported).
+    """
+    value = os.environ.get("FLASHINFER_NATIVE_LOGGING")
+    module = sys.modules.get(MODULE)
+    return {
+        "variable": value,
+        "switched_on": value not in (None, "", "0"),
+        "hook_file": _hook_file(),
+        "hook_installed": is_enabled(),
+        "flashinfer_imported": module is not None,
+        "served": None if module is None else bool(getattr(module, "_NATIVE_CORE", False)),
+    }
 
 
 def disable():

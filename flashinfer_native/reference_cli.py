@@ -166,11 +166,11 @@ def dumps_coverage(dump_dir, as_json, allow_modules):
 
 
 def dumps_export_bench(root, out, allow_modules):
-    """``dumps --export-bench D OUT``."""
+    """``dumps DIR --export-bench OUT``."""
     from .bench_export import BENCH_VERSION, export_bench
 
     if not os.path.isdir(root):
-        raise click.BadParameter(f"{root!r} is not a directory", param_hint="D")
+        raise click.BadParameter(f"{root!r} is not a directory", param_hint="DIR")
     try:
         done = export_bench(root, out, allow_modules)
     except (OSError, ValueError) as exc:

@@ -14,8 +14,9 @@ import torch
 
 from . import _C, jit_args, reference, registry
 from . import record as rec
+from .calls import NoDumpError, load_session
 from .compare import tensors_differ
-from .dumpdir import METADATA_FILE, load_tensor_file, ordered_dumps, read_metadata, tensor_file
+from .dumpdir import METADATA_FILE, load_tensor_file, read_metadata, tensor_file
 from .terminal import brief
 
 __all__ = ["reference_entry", "replay_from_dump", "replay_sequence", "suspended_dumps"]
@@ -449,13 +450,16 @@ def replay_entry(
     allow_jit_args=False,
     against="recording",
     thresholds=None,
+    run_incomplete=False,
 ):
     """Replay one dump of a sequence; never raises (failures become ``{"error"}``).
 
     ``objects`` is the object registry shared by the sequence; ``allow_modules`` and
     ``allow_jit_args`` as in :func:`replay_from_dump`. ``against="reference"`` checks the
     call against its trace template's reference instead
-    (:func:`reference_entry`, with ``thresholds`` for the template's check).
+    (:func:`reference_entry`, with ``thresholds`` for the template's check). A call
+    recorded with inputs only (status ``inputs_saved``) is loaded, not run, unless
+    ``run_incomplete``: then it runs, with nothing to compare (``ran`` when it returns).
     """
     if against == "reference":
         return reference_entry(
@@ -468,7 +472,7 @@ def replay_entry(
             path,
             compare_outputs=not incomplete,
             device=device,
-            run=not incomplete,
+            run=run_incomplete or not incomplete,
             object_registry=objects,
             rtol=rtol,
             atol=atol,
@@ -510,7 +514,8 @@ def replay_sequence(
         passed to it.
     include, exclude : str or list of str, optional
         fnmatch patterns (a string is split on ``,``) on the API name: include first,
-        then exclude.
+        then exclude; the ``__init__`` and latest ``plan`` that a selected method call
+        needs are replayed too, before it (``calls.Session.select``).
     allow_modules : str or list of str, optional
         Module patterns whose registered APIs may be replayed besides ``flashinfer``
         (see :func:`replay_from_dump`).
@@ -529,7 +534,8 @@ def replay_sequence(
         each with ``dump_dir``. A dump that fails, or names something replay refuses
         (``ReplayRefused``), gives ``{"error", "dump_dir", "metadata"}`` and the run
         goes on. Calls whose process died (status ``inputs_saved``) are loaded, not run,
-        and marked ``incomplete``.
+        and marked ``incomplete``. A call replayed only to set up a selected one has
+        ``setup: True``.
 
     Raises
     ------
@@ -542,10 +548,16 @@ def replay_sequence(
     rtol, atol = (1e-3 if rtol is None else rtol), (1e-3 if atol is None else atol)
     device = _resolve_device("cpu" if device is None and against == "reference" else device)
     registry.import_allowed(allow_modules)
+    try:
+        selected = load_session(root_dir, session_file=False).select(include, exclude)
+    except NoDumpError:
+        return []
     objects = {}
-    return [
-        replay_entry(
-            path,
+    results = []
+    for call, setup in selected:
+        records = [call.record] if call.record else None
+        result = replay_entry(
+            call.path,
             records,
             objects,
             device,
@@ -556,16 +568,22 @@ def replay_sequence(
             against,
             thresholds,
         )
-        for path, records in ordered_dumps(root_dir, include, exclude)
-    ]
+        if setup:
+            result["setup"] = True
+        results.append(result)
+    return results
 
 
 def classify(result):
-    """Outcome of one replay result: ``passed``, ``mismatch``, ``error`` or ``incomplete``."""
+    """Outcome of one replay result: ``passed``, ``mismatch``, ``error``, ``incomplete``
+    (recorded with inputs only, not run) or ``ran`` (recorded with inputs only, run with
+    ``run_incomplete``, returned)."""
     if "error" in result:
         return "error"
     if result.get("incomplete"):
-        return "incomplete"
+        if "execution_error" in result:
+            return "error"
+        return "ran" if "execution_result" in result else "incomplete"
     if result.get("comparison_match") is False:
         if (
             "execution_error" in result

@@ -34,7 +34,7 @@ import torch
 
 from . import _C, dumpdir, jit_args, registry, repro_runtime
 from . import record as rec
-from .calls import session_calls
+from .calls import load_session
 from .record import dotted_name
 
 __all__ = ["export_repro", "parse_signature", "reproducer"]
@@ -45,9 +45,6 @@ POSITIONAL_OR_KEYWORD = "positional_or_keyword"
 VAR_POSITIONAL = "var_positional"
 KEYWORD_ONLY = "keyword_only"
 VAR_KEYWORD = "var_keyword"
-
-# Methods that (re)configure a wrapper: the latest one before the call is replayed.
-PLAN_METHODS = ("plan", "begin_forward")
 
 # Parameters holding scratch memory whose content before the call does not matter
 # (FlashInfer's workspace buffers): the script makes them with torch.empty instead of
@@ -398,40 +395,6 @@ class _Step:
     scratch: dict  # key -> source making a workspace buffer afresh
 
 
-def _method_of(api):
-    return api.rsplit(".", 1)[1] if "." in api else api
-
-
-def _is_method(record):
-    return "." in str(record.get("function_name", "")) and record.get("self_id") is not None
-
-
-def _chain(calls, target, full_chain):
-    """The calls to replay, in order: the object's ``__init__``, plan(s), then the target."""
-    if not _is_method(target.record) or target.api.endswith(".__init__"):
-        return [target]
-    cls = target.api.rsplit(".", 1)[0]
-    same_object = [
-        c
-        for c in calls[: target.index]
-        if c.pid == target.pid
-        and c.self_id == target.self_id
-        and c.api.startswith(cls + ".")
-        and c.status == "completed"
-    ]
-    inits = [c for c in same_object if c.api == f"{cls}.__init__"]
-    if not inits:
-        raise ValueError(
-            f"{target.path}: no {cls}.__init__ dump of this object (process_id={target.pid}, "
-            f"self_id={target.self_id}) precedes the call in {os.path.dirname(target.path)}; "
-            "record with FLASHINFER_DUMP_INCLUDE/EXCLUDE letting __init__ and plan through"
-        )
-    since = [c for c in same_object if c.index > inits[-1].index]
-    if not full_chain:
-        since = [c for c in since if _method_of(c.api) in PLAN_METHODS][-1:]
-    return [inits[-1], *since, target]
-
-
 def _parameters(function):
     """``[(name, kind)]`` of the resolved API's own signature (never the recorded text);
     empty when it has none to show."""
@@ -668,7 +631,7 @@ def _docstring(steps, record, device, rtol, atol):
     target = steps[-1].call
     versions = record.get("versions") or {}
     recorded = ", ".join(f"{k} {v}" for k, v in versions.items() if isinstance(v, str))
-    chain = ", ".join(_method_of(s.call.api) for s in steps)
+    chain = ", ".join(s.call.method for s in steps)
     status = record.get("execution_status")
     exc = record.get("exception") or {}
     outcome = {
@@ -807,24 +770,29 @@ def _step(number, call):
 
 
 def _label(number, api):
-    name = _method_of(api).strip("_") or "call"
+    name = (api.rsplit(".", 1)[1] if "." in api else api).strip("_") or "call"
     return f"{number}_{re.sub(r'[^A-Za-z0-9_]', '_', name)}"
 
 
 def _target_call(dump_dir):
-    """The call of ``dump_dir`` and the session around it (its parent directory)."""
+    """The session around the call of ``dump_dir`` (its parent directory) and the call."""
     dump_dir = os.path.abspath(os.fspath(dump_dir))
     if not os.path.isfile(os.path.join(dump_dir, dumpdir.METADATA_FILE)):
+        found = dumpdir.find_dump_dirs(dump_dir) if os.path.isdir(dump_dir) else []
+        if found:
+            raise ValueError(
+                f"{dump_dir} is a session root ({len(found)} calls); repro takes one call's "
+                f"directory, such as {found[-1]}"
+            )
         dumpdir.read_metadata(dump_dir)  # raises the reader's message
-    root = os.path.dirname(dump_dir)
-    calls = session_calls(root)
-    for call in calls:
+    session = load_session(os.path.dirname(dump_dir))
+    for call in session:
         if os.path.abspath(call.path) == dump_dir:
             if call.record is None:
                 dumpdir.read_metadata(dump_dir)  # raises the reader's message
-            return calls, call
-    calls = session_calls(dump_dir)
-    return calls, calls[0]
+            return session, call
+    session = load_session(dump_dir)
+    return session, session[0]
 
 
 def _write_folder(folder, steps, outputs):
@@ -872,8 +840,8 @@ def reproducer(
     (tests/fuzz/fuzz_repro.py) checks every script it makes."""
     patterns = registry.allowed_patterns(allow_modules)
     registry.import_allowed(allow_modules)
-    calls, target = _target_call(dump_dir)
-    chain = _chain(calls, target, full_chain)
+    session, target = _target_call(dump_dir)
+    chain = [*session.setup_chain(target, full_chain), target]
     steps = [_step(n, call) for n, call in enumerate(chain, 1)]
     record = target.record
     outputs = {}

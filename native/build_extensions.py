@@ -214,7 +214,10 @@ def core_extension(root):
     return extension(
         root,
         "flashinfer_native._C",
-        rel(root, "csrc/core/*.c") + rel(root, "csrc/tensorfile/*.c") + CORE_KERNELS,
+        rel(root, "csrc/core/*.c")
+        + rel(root, "csrc/tensorfile/*.c")
+        + CORE_KERNELS
+        + ["kernels/cpu/cpu_isa.c"],
         CORE_CUDA,
     )
 

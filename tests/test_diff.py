@@ -31,7 +31,7 @@ def session(root, flashinfer_style=False, alpha=2.0, extra_call=False, bump=0.0)
     return writer
 
 
-def invoke(*args, prog_name=None):
+def invoke(*args, prog_name="flashinfer"):
     return CliRunner().invoke(cli, ["diff", *map(str, args)], prog_name=prog_name)
 
 
@@ -68,15 +68,14 @@ def test_first_divergence_names_the_call_and_the_max_differences(tmp_path):
     assert lines[-1] == "Summary: 5 matched calls, 4 same, 1 diverged; 0 only in A, 0 only in B"
 
 
-def test_repro_hint_next_to_flashinfer_names_the_cores_command(tmp_path):
+@pytest.mark.parametrize("prog", ["flashinfer-native", "python -m flashinfer_native"])
+def test_repro_hint_names_the_command_as_it_was_run(tmp_path, prog):
     # next to flashinfer-python, "flashinfer" is FlashInfer's own command, without repro
     a = session(tmp_path / "a")
     session(tmp_path / "b", bump=0.25)
-    result = invoke(tmp_path / "a", tmp_path / "b", prog_name="flashinfer_native")
+    result = invoke(tmp_path / "a", tmp_path / "b", prog_name=prog)
     where = os.path.join(tmp_path / "a", os.path.basename(a.dirs[3]))
-    assert f"Reproduce it: python -m flashinfer_native repro {where} -o repro_a" in (
-        result.output.splitlines()
-    )
+    assert f"Reproduce it: {prog} repro {where} -o repro_a" in result.output.splitlines()
 
 
 def test_differences_within_tolerance_do_not_diverge(tmp_path):

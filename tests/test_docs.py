@@ -384,7 +384,12 @@ def env_problems(root, specs, page, what):
 
 # ------------------------------------------------------------------- command line
 
-_CLI_PREFIXES = ("flashinfer", "python -m flashinfer", "python -m flashinfer_native")
+_CLI_PREFIXES = (
+    "flashinfer-native",
+    "flashinfer",
+    "python -m flashinfer",
+    "python -m flashinfer_native",
+)
 
 
 def cli_commands():

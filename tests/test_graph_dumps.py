@@ -152,7 +152,7 @@ def test_flush_writes_flashinfers_records_and_a_metadata_file_per_snapshot(graph
 
 
 def test_session_summary_counts_a_flushed_call_once(graphs, tmp_path):
-    from flashinfer_native.dumpdir import summarize_session
+    from flashinfer_native.calls import summarize_session
 
     m = graphs()
     add = add_api(m)

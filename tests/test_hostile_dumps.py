@@ -161,10 +161,10 @@ def test_session_line_of_64_mib_is_never_held_in_memory(tmp_path):
     proc = run_python(
         f"""
         import resource
-        from flashinfer_native import dumpdir
+        from flashinfer_native import calls
         peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         before = peak()
-        summary = dumpdir.summarize_session({str(tmp_path)!r})
+        summary = calls.summarize_session({str(tmp_path)!r})
         print(summary["oversized_lines"], (peak() - before) // 1024)
         """
     )
@@ -204,6 +204,30 @@ def test_negative_log_level_warns_and_means_0():
     assert proc.stdout == "0\n"
     assert proc.stderr == (
         "[flashinfer] WARNING: invalid value FLASHINFER_LOGLEVEL=-3; using the default 0\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "value, in_effect",
+    [
+        ("nan,bogus", "the triggers in effect: nan"),
+        ("bogus, exception,signal", "the triggers in effect: exception, signal"),
+        ("bogus", "no trigger is in effect"),
+    ],
+)
+def test_an_unknown_trigger_is_ignored_and_the_warning_names_those_in_effect(value, in_effect):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import flashinfer.api_logging"],
+        env=dict(env, FLASHINFER_LOGLEVEL="1", FLASHINFER_DUMP_ON=value),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.stderr == (
+        "[flashinfer] WARNING: FLASHINFER_DUMP_ON: 'bogus' is not a trigger (known: exception, "
+        f"nan, inf, nan_input, signal, exit) and is ignored; {in_effect}\n"
     )
 
 

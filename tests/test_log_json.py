@@ -205,6 +205,7 @@ def test_level_1_json_is_one_call_record_per_call(monkeypatch, tmp_path):
     api(2)
     system, first, second = records(log)
     assert system["event"] == "system_info" and system["torch_version"] == torch.__version__
+    assert system["native_core"] is True
     assert set(first) == {"event", "api", "call_id", "timestamp", "pid", "level"}
     assert (first["event"], first["api"], first["level"], first["pid"]) == (
         "call",

@@ -161,6 +161,48 @@ def test_activating_after_flashinfer_was_imported_warns(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "active False" in proc.stdout
     assert "flashinfer was imported before the native core was activated" in proc.stderr
+    assert "FlashInferActivationWarning" in proc.stderr
+
+
+def test_filtering_version_warnings_keeps_the_activated_too_late_warning(tmp_path):
+    code = """
+        import warnings
+        from flashinfer_native.hook import FlashInferActivationWarning, FlashInferVersionWarning
+        warnings.simplefilter("ignore", FlashInferVersionWarning)
+        import flashinfer
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default", FlashInferActivationWarning)
+            import flashinfer_native.activate
+        print([w.category.__name__ for w in caught])
+        print(issubclass(FlashInferActivationWarning, FlashInferVersionWarning))
+        """
+    proc = run(code, make_flashinfer(tmp_path, "0.7.2.post1"), activate="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == ["['FlashInferActivationWarning']", "False"]
+
+
+HOOK_LINE = open(os.path.join(ROOT, "native", "flashinfer_native_hook.pth")).read()
+
+
+@pytest.mark.parametrize("switch", [None, "0", "1"])
+def test_load_tensors_is_in_flashinfers_api_logging_with_or_without_the_switch(tmp_path, switch):
+    import torch
+
+    from flashinfer_native import _C
+
+    tensors = tmp_path / "t.pt"
+    _C.save_tensors(str(tensors), {"x": torch.arange(3.0)})
+    code = f"""
+        from flashinfer.api_logging import load_tensors
+        import flashinfer.api_logging as al
+        print(load_tensors({str(tensors)!r})["x"].tolist(), getattr(al, "_NATIVE_CORE", False))
+        """
+    site = make_flashinfer(tmp_path, "0.7.2.post1")
+    env_switch = "" if switch is None else f"os.environ['FLASHINFER_NATIVE_LOGGING'] = {switch!r}\n"
+    # the start-up hook's own line, as site runs it from the .pth file
+    proc = run(code, site, pythonpath=ROOT, activate="import os\n" + env_switch + HOOK_LINE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"[0.0, 1.0, 2.0] {switch == '1'}"
 
 
 def test_missing_extension_is_one_line_naming_the_install_command(tmp_path):

@@ -597,6 +597,21 @@ def test_sequence_include_and_exclude_filters(root):
     assert names == ["SegmentSumWrapper.__init__", "SegmentSumWrapper.plan"]
 
 
+def test_sequence_include_of_a_method_replays_the_calls_that_set_up_its_object(root):
+    writer = h.DumpWriter(root)
+    wrapper = writer.construct(h.SegmentSumWrapper, torch.zeros(4, dtype=torch.int8))
+    writer.method(wrapper, "plan", torch.tensor([0, 2]), 1.0)
+    writer.call(h.scale_add, torch.ones(2), torch.ones(2))
+    writer.method(wrapper, "run", torch.ones(2, 2))
+    results = replay_sequence(root, device="cpu", include="*.run")
+    assert [(r["metadata"]["function_name"], r.get("setup", False)) for r in results] == [
+        ("SegmentSumWrapper.__init__", True),
+        ("SegmentSumWrapper.plan", True),
+        ("SegmentSumWrapper.run", False),
+    ]
+    assert [classify(r) for r in results] == ["passed"] * 3
+
+
 def test_sequence_missing_root_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"dump root directory not found"):
         replay_sequence(str(tmp_path / "absent"))

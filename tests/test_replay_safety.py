@@ -335,11 +335,12 @@ def test_real_command_refuses_os_system_in_module_and_in_enum(tmp_path, marker):
     assert not marker.exists()
 
 
-def test_allow_module_that_cannot_be_imported_is_a_usage_error(tmp_path):
+def test_allow_module_that_cannot_be_imported_is_one_line_and_exit_1(tmp_path):
     dump = write_dump(tmp_path / "dumps", "flashinfer", "anything", {})
     result = cli_replay(dump, "--allow-module", "no_such_module_h10")
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "cannot import module 'no_such_module_h10'" in result.output
+    assert len(result.output.splitlines()) == 1
 
 
 # -------------------------------------------------------------------------- registry

@@ -184,3 +184,118 @@ def test_without_recorded_durations_there_is_no_duration_column(mixed_session, t
     out = tmp_path / "report.html"
     write_report(root, out)
     assert "<th>duration</th>" not in out.read_text()
+
+
+# ------------------------------------------------------------ summary, names, scale
+
+
+def test_api_summary_shapes_and_parameter_names(mixed_session, tmp_path):
+    root, _ = mixed_session
+    out = tmp_path / "report.html"
+    write_report(root, out)
+    page = out.read_text()
+    summary = page[page.index('<table class="apis">') : page.index("<h2>Timeline</h2>")]
+    # one row per API, the most frequent first, with its input shapes by parameter name
+    assert summary.count("<tr><td><code>") == 6
+    assert "<td><code>scale_add</code></td><td>1</td><td>1 completed</td>" in summary
+    assert '<td class="shapes">x [6] float32; y [6] float32</td>' in summary
+    assert "<td>0 / 0</td>" in summary  # NaN / Inf of the detailed calls
+    # the calls table has the shape column; the details name parameters, not arg_i
+    assert "<th>input shapes</th>" in page
+    assert '<td class="shapes">indptr [3] int64</td>' in page
+    assert "<li><code>alpha</code> = <code>0.5</code></li>" in page
+    assert "<li><code>scale (arg_2)</code> = <code>2.0</code></li>" in page
+    assert "<code>x (arg_0)</code></td><td>[6]</td><td>float32</td>" in page
+    assert "arg_1</code> =" not in page and '{"type": ' not in page
+
+
+def synthetic_session(root, calls, apis=("rmsnorm", "Wrapper.plan", "Wrapper.run")):
+    """``calls`` call directories with metadata only (no tensor files), 2 ms apart."""
+    os.makedirs(root)
+    for i in range(calls):
+        api = apis[i % len(apis)]
+        second, millis = divmod(2 * i, 1000)
+        stamp = f"20261126_10{second // 60:02d}{second % 60:02d}_{millis:03d}"
+        name = f"{stamp}_pid7_{api}_call{i + 1:05d}"
+        status = "exception" if i == calls // 2 else "completed"
+        record = {
+            "function_name": api,
+            "module": "flashinfer.norm",
+            "call_sequence": i + 1,
+            "timestamp": stamp,
+            "process_id": 7,
+            "sequence": i + 1,
+            "input_metadata": {"kwarg_eps": 1e-6},
+            "output_metadata": {},
+            "tensor_info": {
+                "input_tensor_keys": ["arg_0"],
+                "output_tensor_keys": [],
+                "input_size_bytes": 2048,
+            },
+            "tensor_details": {
+                "arg_0": {"shape": [4, 256], "stride": [256, 1], "dtype": "torch.bfloat16"}
+            },
+            "function_signature": "(input, weight, eps=1e-06)",
+            "execution_status": status,
+            "duration_us": 40 + i % 7,
+        }
+        if status == "exception":
+            record["exception"] = {"type": "ValueError", "message": "bad"}
+        os.makedirs(os.path.join(root, name))
+        with open(os.path.join(root, name, "metadata.jsonl"), "w") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def test_the_timeline_of_10k_calls_is_binned_per_api_and_the_page_stays_small(tmp_path):
+    root = tmp_path / "big"
+    synthetic_session(str(root), 10_000)
+    out = tmp_path / "report.html"
+    done = write_report(root, out, max_calls=0)
+    page = out.read_text()
+    timeline = page[page.index('<svg class="timeline"') : page.index("</svg>")]
+    assert done["calls"] == 10_000
+    assert 'class="call ' not in timeline  # no bar per call
+    bins = re.findall(r'<rect class="bin (\w+)"', timeline)
+    assert 3 * 250 <= len(bins) <= 3 * 300  # three lanes, at most 300 bins each
+    assert bins.count("exception") == 1  # the bin holding the one exception shows it
+    counts = [int(n) for n in re.findall(r": (\d+) calls from \+", timeline)]
+    assert sum(counts) == 10_000
+    assert len(page) < 3_000_000
+    # durations (duration_us) reach the table and the per-API summary
+    assert "<th>duration</th>" in page and "<td>0.040 ms</td>" in page
+    assert "<td>0.043 / 0.046 ms</td>" in page
+
+
+def test_durations_come_from_duration_us(tmp_path):
+    root = tmp_path / "small"
+    synthetic_session(str(root), 3)
+    out = tmp_path / "report.html"
+    write_report(root, out, max_calls=0)
+    page = out.read_text()
+    assert "[1] rmsnorm: completed, 0.040 ms</title>" in page
+    assert "[2] Wrapper.plan: exception, 0.041 ms</title>" in page
+
+
+def test_calls_the_recorder_skipped_are_counted_at_the_top(tmp_path):
+    root = tmp_path / "capped"
+    synthetic_session(str(root), 3)
+    with open(root / "session.jsonl", "w") as f:
+        for n in (1, 2, 4, 7):
+            record = {"record_type": "skipped", "reason": "count cap", "calls_skipped": n}
+            f.write(json.dumps(dict(record, process_id=7)) + "\n")
+    out = tmp_path / "report.html"
+    done = write_report(root, out, max_calls=0)
+    assert done["skipped"] == {"count cap": 7}
+    assert '<p class="skipped">7 calls were not dumped: count cap.</p>' in out.read_text()
+
+
+@needs_chromium
+def test_chromium_renders_a_binned_timeline_of_2000_calls(tmp_path):
+    root = tmp_path / "big"
+    synthetic_session(str(root), 2000)
+    out = tmp_path / "report.html"
+    write_report(root, out, max_calls=0)
+    dom = chromium("--dump-dom", out.as_uri())
+    assert dom.count('class="bin completed"') + dom.count('class="bin exception"') > 600
+    assert dom.count('<tr id="call-') == 2000
+    assert re.search(r"rmsnorm: \d+ calls from \+", dom)

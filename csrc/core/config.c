@@ -117,22 +117,42 @@ static const struct {
     {"nan_input", FI_TRIGGER_NAN_INPUT}, {"signal", FI_TRIGGER_SIGNAL}, {"exit", FI_TRIGGER_EXIT},
 };
 
-/* FLASHINFER_DUMP_ON: known names become bits; unknown ones warn (the rest still count). */
+/* FLASHINFER_DUMP_ON: known names become bits; each unknown one warns, naming the
+ * triggers that stay in effect (the rest still count). */
 static int parse_triggers(fi_config *cfg, const char *value, fi_config_warn_fn warn, void *ctx)
 {
     char *items[FI_MAX_PATTERNS];
     int n;
     if (split_patterns(value, items, &n) < 0)
         return -1;
+    const size_t n_names = sizeof trigger_names / sizeof trigger_names[0];
+    int unknown[FI_MAX_PATTERNS];
     for (int i = 0; i < n; i++) {
         unsigned bit = 0;
-        for (size_t k = 0; k < sizeof trigger_names / sizeof trigger_names[0]; k++)
+        for (size_t k = 0; k < n_names; k++)
             if (strcmp(items[i], trigger_names[k].name) == 0)
                 bit = trigger_names[k].bit;
-        if (!bit)
-            warn(ctx, "FLASHINFER_DUMP_ON", items[i],
-                 "no trigger (known: exception, nan, inf, nan_input, signal, exit)");
+        unknown[i] = !bit;
         cfg->dump_on |= bit;
+    }
+    char in_effect[128] = "";
+    for (size_t k = 0; k < n_names; k++)
+        if (cfg->dump_on & trigger_names[k].bit) {
+            if (in_effect[0])
+                strcat(in_effect, ", ");
+            strcat(in_effect, trigger_names[k].name);
+        }
+    for (int i = 0; i < n; i++) {
+        if (unknown[i]) {
+            char message[640];
+            snprintf(message, sizeof message,
+                     "'%.256s' is not a trigger (known: exception, nan, inf, nan_input, signal, "
+                     "exit) and is ignored; %s%s",
+                     items[i],
+                     in_effect[0] ? "the triggers in effect: " : "no trigger is in effect",
+                     in_effect);
+            warn(ctx, "FLASHINFER_DUMP_ON", message, NULL);
+        }
         free(items[i]);
     }
     return 0;

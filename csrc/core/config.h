@@ -44,7 +44,8 @@ typedef struct {
     int n_exclude;
 } fi_config;
 
-/* Called once per rejected variable: the variable, the bad value and the default used. */
+/* Called once per rejected variable: the variable, the bad value and the default used;
+ * or, with default_text NULL, the variable and a whole sentence saying what happened. */
 typedef void (*fi_config_warn_fn)(void *ctx, const char *var, const char *value,
                                   const char *default_text);
 

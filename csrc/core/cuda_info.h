@@ -6,7 +6,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* Adds cuda_built (bool) and cuda_archs (str) for the build this module comes from. */
+/* Adds cuda_built (bool), cuda_archs (str), cpu_isa_paths (str) and cpu_isa() for the
+ * build this module comes from. */
 int fi_cuda_info_exec(PyObject *module);
 
 #endif

@@ -15,9 +15,12 @@ static void warn_bad_value(void *ctx, const char *var, const char *value, const 
 {
     (void)ctx;
     char line[1024];
-    snprintf(line, sizeof line,
-             "[flashinfer] WARNING: invalid value %.64s=%.512s; using the default %.64s\n", var,
-             value, def);
+    if (!def)
+        snprintf(line, sizeof line, "[flashinfer] WARNING: %.64s: %.900s\n", var, value);
+    else
+        snprintf(line, sizeof line,
+                 "[flashinfer] WARNING: invalid value %.64s=%.512s; using the default %.64s\n", var,
+                 value, def);
     fi_warn_stderr(line);
 }
 

@@ -456,6 +456,13 @@ void fi_chunk_hash_cpu(const void *data, size_t len, const uint32_t *key, fi_chu
 int fi_chunk_hash_cuda(const void *base, const int64_t *offsets, const int64_t *lengths, int64_t n,
                        const uint32_t *key, uint64_t *out, int device, void *stream);
 
+/* ---- build ----------------------------------------------------------------------- */
+
+/* The SIMD paths the CPU kernels were compiled with ("portable avx2 avx512" on x86-64)
+ * and the one this process takes: the CPU's, capped by FLASHINFER_CPU_ISA. */
+const char *fi_cpu_isa_paths(void);
+const char *fi_cpu_isa_name(void);
+
 /* ---- CUDA helpers ----------------------------------------------------------------
  * Built only with the CUDA kernels (FI_WITH_CUDA). Functions return 0, or nonzero with
  * the reason in fi_cuda_last_error() (per host thread). */
