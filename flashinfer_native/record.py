@@ -236,6 +236,9 @@ _FIELDS = {
     "calls_written": _count,
     "time": _seconds(MAX_EPOCH_SECONDS),
     "duration_s": _seconds(MAX_DURATION_SECONDS),
+    "duration_us": _seconds(MAX_DURATION_SECONDS * 1e6),
+    "calls_skipped": _count,
+    "reason": _of_type(str),
 }
 _KEY_LISTS = ("input_tensor_keys", "output_tensor_keys")
 _SIZES = ("input_size_bytes", "output_size_bytes", "total_size_bytes")

@@ -126,7 +126,7 @@ def test_metadata_lines_schema(level10, tmp_path):
     (d,) = call_dirs(tmp_path / "dumps")
     line1, line2 = records(d / "metadata.jsonl")
     assert set(line1) == LINE1_KEYS
-    assert set(line2) == LINE1_KEYS
+    assert set(line2) == LINE1_KEYS | {"duration_us"}
     assert line1["function_name"] == "api"
     assert line1["module"] == __name__
     assert line1["call_sequence"] == 1
@@ -295,16 +295,73 @@ def test_exception_writes_line_2_and_propagates(level10, tmp_path):
     assert not (d / "outputs.pt").exists()
 
 
-def test_count_cap_warns_at_every_skipped_call_in_flashinfers_words(level10, tmp_path):
+def test_count_cap_logs_one_line_in_flashinfers_words_and_counts_every_skipped_call(
+    level10, tmp_path
+):
     m = level10(FLASHINFER_DUMP_MAX_COUNT="2")
     f = m.flashinfer_api(lambda x: x + 1)
-    assert [f(i) for i in range(4)] == [1, 2, 3, 4]
+    assert [f(i) for i in range(7)] == [1, 2, 3, 4, 5, 6, 7]
     assert len(call_dirs(tmp_path / "dumps")) == 2
     warnings = [ln for ln in log_text(tmp_path).splitlines() if "limit reached" in ln]
-    assert warnings == 2 * [
+    assert warnings == [
         "Dump limit reached (2 dumps). Skipping dump for <lambda>. "
         "Increase FLASHINFER_DUMP_MAX_COUNT if needed."
     ]
+    skipped = [r for r in records(tmp_path / "dumps" / "session.jsonl") if "record_type" in r]
+    # at 1, 2, 4 skipped calls; the fifth is written at exit (write_skipped)
+    assert [r["calls_skipped"] for r in skipped] == [1, 2, 4]
+    assert skipped[0]["reason"] == "FLASHINFER_DUMP_MAX_COUNT=2 reached"
+    assert set(skipped[0]) == {"record_type", "reason", "calls_skipped", "process_id", "time"}
+    assert skipped[0]["record_type"] == "skipped" and skipped[0]["process_id"] == os.getpid()
+
+
+def test_the_skipped_count_at_exit_reaches_dumps_and_the_report(tmp_path):
+    code = textwrap.dedent(
+        """
+        import flashinfer.api_logging as m
+        f = m.flashinfer_api(lambda x: x + 1)
+        for i in range(2000):
+            f(i)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    env.update(
+        FLASHINFER_LOGLEVEL="10",
+        FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
+        FLASHINFER_LOGDEST=str(tmp_path / "log.txt"),
+        FLASHINFER_DUMP_MAX_COUNT="1000",
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert log_text(tmp_path).count("Dump limit reached") == 1
+    skipped = [r for r in records(tmp_path / "dumps" / "session.jsonl") if "record_type" in r]
+    counts = [r["calls_skipped"] for r in skipped]
+    assert counts == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000]
+    from click.testing import CliRunner
+
+    from flashinfer_native.cli import cli
+
+    out = CliRunner().invoke(cli, ["dumps", str(tmp_path / "dumps"), "--quiet"]).output
+    assert "1000 calls: 1000 completed, 0 exception, 0 incomplete\n" in out
+    assert "Calls not dumped: 1000 (FLASHINFER_DUMP_MAX_COUNT=1000 reached)\n" in out
+    report = tmp_path / "report.html"
+    CliRunner().invoke(cli, ["report", str(tmp_path / "dumps"), "-o", str(report)])
+    page = report.read_text()
+    assert (
+        '<p class="skipped">1000 calls were not dumped: FLASHINFER_DUMP_MAX_COUNT=1000 '
+        "reached.</p>" in page
+    )
+
+
+def test_line_2_carries_the_host_time_of_the_call(level10, tmp_path):
+    m = level10()
+    f = m.flashinfer_api(lambda x: time.sleep(0.05) or x)
+    f(torch.ones(1))
+    (d,) = call_dirs(tmp_path / "dumps")
+    line1, line2 = records(d / "metadata.jsonl")
+    assert "duration_us" not in line1
+    assert 50_000 <= line2["duration_us"] < 5_000_000
+    assert line2["duration_us"] == round(line2["duration_us"], 3)
 
 
 def test_size_cap_counts_inputs(level10, tmp_path):

@@ -3,6 +3,8 @@
 #ifndef FI_CALL_H
 #define FI_CALL_H
 
+#include <time.h>
+
 #include "pages.h"
 #include "stats.h"
 
@@ -11,7 +13,16 @@ typedef struct {
     int level;            /* the log level in force (0, 1, 3, 5, 10) */
     fi_stats_memo stats;  /* statistics taken of this call's tensors so far */
     fi_paged paged;       /* the pages its paged tensors are read at (pages.h), if known */
+    double took_us;       /* recorded calls: the wrapped function's host time, microseconds */
 } fi_call;
+
+/* Seconds of CLOCK_MONOTONIC, for the host time of a recorded call (duration_us). */
+static inline double fi_call_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* A call at level with no statistics taken yet; fi_call_end releases what it kept. */
 static inline void fi_call_begin(fi_call *call, const char *api_name, int level)
@@ -20,6 +31,7 @@ static inline void fi_call_begin(fi_call *call, const char *api_name, int level)
     call->level = level;
     call->paged.item = NULL;
     call->paged.n = 0;
+    call->took_us = 0;
     fi_stats_memo_init(&call->stats);
     call->stats.paged = &call->paged;
 }

@@ -3,6 +3,7 @@
  * step done by the mode's operations (record_mode.h). Also the recorder's own state. */
 #include "recorder.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -376,6 +377,10 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
         if (call->graph)
             fi_graph_drop(call);
     }
+    /* the function's host time, measured around it by wrapper_invoke (docs/dump-format.md) */
+    if (r == 0)
+        r = fi_dump_dict_set(call->record, "duration_us",
+                             PyFloat_FromDouble(round(call->ctx->took_us * 1000.0) / 1000.0));
     if (r == 0)
         r = mode->write_record(call);
     if (r < 0)

@@ -251,6 +251,24 @@ int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyO
     return r;
 }
 
+int fi_dump_write_session_record(fi_recorder *rec, PyObject *record)
+{
+    if (fi_dump_ensure_root(rec) < 0)
+        return -1;
+    fi_buf line;
+    fi_buf_init(&line);
+    int r = fi_json_from_py(&line, record);
+    if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
+        PyErr_NoMemory();
+        r = -1;
+    }
+    int sfd = r == 0 ? open_session_jsonl(rec) : -1;
+    if (r == 0)
+        r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", rec->cfg->dump_dir, &line);
+    fi_buf_free(&line);
+    return r;
+}
+
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
                                    PyObject *tensors, const fi_save_opts *opts)
 {

@@ -270,6 +270,18 @@ static PyObject *logger_dump_ring(fi_logger *lg, PyObject *args)
     return written < 0 ? NULL : PyLong_FromLong(written);
 }
 
+PyDoc_STRVAR(write_skipped_doc,
+             "write_skipped()\n--\n\nAppend to session.jsonl the counts of calls the dump caps "
+             "kept out, when they grew since the last record (atexit calls it).");
+
+static PyObject *logger_write_skipped(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    if (fi_recorder_write_skipped(&lg->rec) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(ring_bytes_doc, "ring_bytes()\n--\n\nBytes the in-memory flight recorder holds.");
 
 static PyObject *logger_ring_bytes(fi_logger *lg, PyObject *unused)
@@ -346,6 +358,7 @@ static PyMethodDef logger_methods[] = {
     {"timestamp", (PyCFunction)logger_timestamp_py, METH_NOARGS, logger_timestamp_doc},
     {"ring_banner", (PyCFunction)logger_ring_banner, METH_NOARGS, ring_banner_doc},
     {"dump_ring", (PyCFunction)logger_dump_ring, METH_VARARGS, dump_ring_doc},
+    {"write_skipped", (PyCFunction)logger_write_skipped, METH_NOARGS, write_skipped_doc},
     {"ring_bytes", (PyCFunction)logger_ring_bytes, METH_NOARGS, ring_bytes_doc},
     {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush_graph_dumps, METH_FASTCALL,
      flush_graph_dumps_doc},

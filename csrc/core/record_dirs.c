@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "compact.h"
@@ -40,17 +41,86 @@ static int under_size_cap(fi_recorder *rec, long long bytes)
     return (double)(rec->dump_bytes + bytes) <= rec->cfg->max_size_gb * 1024.0 * 1024.0 * 1024.0;
 }
 
+enum { CAP_COUNT, CAP_SIZE };
+
+/* 1 the first time it is asked about *flag, 0 after. */
+static int first_time(int *flag)
+{
+    if (*flag)
+        return 0;
+    *flag = 1;
+    return 1;
+}
+
+/* Why a cap keeps calls out, as a skip record says it ("FLASHINFER_DUMP_MAX_COUNT=1000
+ * reached"). New reference, NULL with an exception set. */
+static PyObject *cap_reason(const fi_recorder *rec, int cap)
+{
+    if (cap == CAP_COUNT)
+        return PyUnicode_FromFormat("FLASHINFER_DUMP_MAX_COUNT=%lld reached", rec->cfg->max_count);
+    fi_buf b;
+    fi_buf_init(&b);
+    fi_buf_puts(&b, "FLASHINFER_DUMP_MAX_SIZE_GB=");
+    put_size_cap(&b, rec->cfg->max_size_gb);
+    fi_buf_puts(&b, " reached");
+    PyObject *text = b.data ? PyUnicode_FromStringAndSize(b.data, (Py_ssize_t)b.len) : NULL;
+    fi_buf_free(&b);
+    return text ? text : PyErr_NoMemory();
+}
+
+int fi_recorder_write_skipped(fi_recorder *rec)
+{
+    for (int cap = CAP_COUNT; cap <= CAP_SIZE; cap++) {
+        if (rec->skipped[cap] == rec->skipped_noted[cap])
+            continue;
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        PyObject *record =
+            Py_BuildValue("{s:s,s:N,s:L,s:l,s:d}", "record_type", "skipped", "reason",
+                          cap_reason(rec, cap), "calls_skipped", rec->skipped[cap], "process_id",
+                          (long)getpid(), "time", tv.tv_sec + tv.tv_usec * 1e-6);
+        int r = record ? fi_dump_write_session_record(rec, record) : -1;
+        Py_XDECREF(record);
+        if (r < 0)
+            return -1;
+        rec->skipped_noted[cap] = rec->skipped[cap];
+    }
+    return 0;
+}
+
+/* A call a cap keeps out: the cap's first logs one line (FlashInfer's words; FlashInfer
+ * repeats it for every call), every one is counted, and session.jsonl gets the count at 1,
+ * 2, 4, 8, ... calls and at exit (docs/flight-recorder.md). 0, or -1 with an exception. */
+static int skip(fi_recorder *rec, int cap)
+{
+    if (rec->skipped[cap]++ == 0 && !rec->skipped_at_exit) {
+        PyObject *atexit = PyImport_ImportModule("atexit");
+        PyObject *method = PyObject_GetAttrString(rec->owner, "write_skipped");
+        PyObject *ok =
+            atexit && method ? PyObject_CallMethod(atexit, "register", "O", method) : NULL;
+        Py_XDECREF(atexit);
+        Py_XDECREF(method);
+        if (!ok)
+            return -1;
+        Py_DECREF(ok);
+        rec->skipped_at_exit = 1;
+    }
+    long long n = rec->skipped[cap];
+    return (n & (n - 1)) == 0 ? fi_recorder_write_skipped(rec) : 0;
+}
+
 /* The count cap first, then the size cap (FlashInfer's order). */
 static int dirs_admit(fi_dump_call *call, long long bytes)
 {
     fi_recorder *rec = call->rec;
     const char *name = PyUnicode_AsUTF8(call->name);
     if (rec->dump_count >= rec->cfg->max_count) {
-        fi_dump_log(rec,
-                    "Dump limit reached (%lld dumps). Skipping dump for %s. Increase "
-                    "FLASHINFER_DUMP_MAX_COUNT if needed.",
-                    rec->cfg->max_count, name);
-        return 0;
+        if (first_time(&rec->cap_logged[CAP_COUNT]))
+            fi_dump_log(rec,
+                        "Dump limit reached (%lld dumps). Skipping dump for %s. Increase "
+                        "FLASHINFER_DUMP_MAX_COUNT if needed.",
+                        rec->cfg->max_count, name);
+        return skip(rec, CAP_COUNT);
     }
     if (under_size_cap(rec, bytes))
         return 1;
@@ -58,15 +128,17 @@ static int dirs_admit(fi_dump_call *call, long long bytes)
      * keep the numbers they would have had */
     if (fi_dump_next_counter(rec, call->name) < 0)
         return -1;
-    log_size_cap(rec, "Skipping dump for", name);
-    return 0;
+    if (first_time(&rec->cap_logged[CAP_SIZE]))
+        log_size_cap(rec, "Skipping dump for", name);
+    return skip(rec, CAP_SIZE);
 }
 
 static const char *dirs_outputs_refused(fi_dump_call *call, long long bytes)
 {
     if (under_size_cap(call->rec, bytes))
         return NULL;
-    log_size_cap(call->rec, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
+    if (first_time(&call->rec->cap_logged[CAP_SIZE]))
+        log_size_cap(call->rec, "Skipping the outputs of", PyUnicode_AsUTF8(call->name));
     return "size cap";
 }
 

@@ -96,6 +96,9 @@ char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
  * session.jsonl. */
 int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record);
 
+/* Appends record as one line of DUMP_DIR/session.jsonl (a record that is no call's). */
+int fi_dump_write_session_record(fi_recorder *rec, PyObject *record);
+
 /* Writes tensors to dir/stem.pt (or .safetensors) as opts says (tensorio.h: the statistics
  * taken on the way, the parts of each tensor kept; NULL: neither); the bytes written, -1
  * with an exception set. */

@@ -36,6 +36,10 @@ typedef struct {
     int ring_warned;            /* the "call larger than the ring's budget" warning was given */
     int compact;                /* tensors in the compact layout (docs/dump-format.md) */
     struct fi_compact_writer *compact_writer; /* its writer (a directory per call), made lazily */
+    long long skipped[2];       /* calls a cap kept out: [0] the count cap, [1] the size cap */
+    long long skipped_noted[2]; /* the counts session.jsonl has last been told */
+    int cap_logged[2];          /* the cap's one log line was written */
+    int skipped_at_exit;        /* atexit writes the final counts (write_skipped) */
 } fi_recorder;
 
 /* A recorder for cfg (which must outlive it), logging through emit(owner, ...). -1 with an
@@ -73,6 +77,10 @@ int fi_dump_checks_outputs(const fi_dump_call *call);
 /* Writes the in-memory ring now, as trigger would; the number of calls written (0 without
  * an in-memory ring), -1 with OSError set when the dump root cannot be written. */
 int fi_recorder_fire(fi_recorder *rec, const char *trigger);
+
+/* Appends a "skipped" record to session.jsonl for each cap whose count of calls kept out
+ * grew since the last one (docs/dump-format.md#skip-records); 0, or -1 with an exception. */
+int fi_recorder_write_skipped(fi_recorder *rec);
 
 /* Bytes the in-memory ring holds. */
 size_t fi_recorder_ring_bytes(const fi_recorder *rec);

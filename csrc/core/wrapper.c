@@ -444,7 +444,10 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
             emit_logging_error(lg, name, "pre-execution");
     }
 
+    double started = dump ? fi_call_clock() : 0;
     PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
+    if (dump)
+        call.took_us = (fi_call_clock() - started) * 1e6;
 
     if (result && w->pages && level >= 5 && fi_pages_is_plan(w->pages)) {
         PyObject *et, *ev, *tb;

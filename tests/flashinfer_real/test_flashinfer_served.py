@@ -147,14 +147,16 @@ def key_shape(record):
     }
 
 
-def test_level_10_metadata_keys_are_flashinfers_plus_sequence(sessions):
+def test_level_10_metadata_keys_are_flashinfers_plus_sequence_and_duration(sessions):
     ours, theirs = dump_tree(sessions[10, True]), dump_tree(sessions[10, False])
     for name, (_, their_records) in theirs.items():
         our_records = ours[name][1]
-        for mine, their in zip(our_records, their_records):
-            assert set(mine) - set(their) == {"sequence"}
+        for line, (mine, their) in enumerate(zip(our_records, their_records), 1):
+            ours_only = {"sequence"} | ({"duration_us"} if line == 2 else set())
+            assert set(mine) - set(their) == ours_only
             shape = key_shape(mine)
-            del shape["sequence"]
+            for key in ours_only:
+                del shape[key]
             assert shape == key_shape(their)
             for key in ("function_name", "module", "function_signature", "tensor_details"):
                 assert mine[key] == their[key]
