@@ -59,7 +59,7 @@ def dump_of(root, name):
 
 def test_demo_session_matches_its_references(demo_dumps, tmp_path):
     proc = flashinfer_cli(
-        "replay", "--dir", demo_dumps, "--against", "reference", "--json", "r.json", cwd=tmp_path
+        "replay", demo_dumps, "--against", "reference", "--json", "r.json", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
@@ -92,7 +92,7 @@ def test_a_perturbed_output_is_a_mismatch_naming_the_tensor(demo_dumps, tmp_path
     tensors = {k: v.clone() for k, v in _C.load_tensors(str(outputs)).items()}
     tensors["result_1"][2, 5] += 0.5  # one LSE value
     _C.save_tensors(str(outputs), tensors)
-    proc = flashinfer_cli("replay", "--dir", root, "--against", "reference", cwd=tmp_path)
+    proc = flashinfer_cli("replay", root, "--against", "reference", cwd=tmp_path)
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     (at,) = [i for i, x in enumerate(lines) if "BatchDecodeWithPagedKVCacheWrapper.run" in x]
@@ -104,7 +104,7 @@ def test_a_perturbed_output_is_a_mismatch_naming_the_tensor(demo_dumps, tmp_path
 
 def test_a_run_without_its_plan_says_what_is_missing(demo_dumps, tmp_path):
     run = dump_of(demo_dumps, "BatchDecodeWithPagedKVCacheWrapper.run")
-    proc = flashinfer_cli("replay", "--dir", run, "--against", "reference", cwd=tmp_path)
+    proc = flashinfer_cli("replay", run, "--against", "reference", cwd=tmp_path)
     assert proc.returncode == 0
     assert proc.stdout.splitlines()[1].endswith(
         "➖ no reference: the reference needs 'kv_indptr', which the recording lacks; a "
@@ -137,7 +137,7 @@ def test_a_dump_naming_an_unregistered_function_is_refused(demo_dumps, tmp_path)
     for record in records:
         record["module"], record["function_name"] = "os", "system"
     meta.write_text("".join(json.dumps(r) + "\n" for r in records))
-    proc = flashinfer_cli("replay", "--dir", root, "--against", "reference", cwd=tmp_path)
+    proc = flashinfer_cli("replay", root, "--against", "reference", cwd=tmp_path)
     assert proc.returncode == 1
     (line,) = [x for x in proc.stdout.splitlines() if "] system (" in x]
     assert "❌ Error: ReplayRefused: " in line
@@ -185,7 +185,7 @@ flashinfer.mm_fp8((torch.randn(4, 256) * 8).to(torch.float8_e4m3fn), b, torch.te
 
 
 def test_coverage_of_the_demo_session(demo_dumps, tmp_path):
-    proc = flashinfer_cli("dumps", "--dir", demo_dumps, "--coverage", cwd=tmp_path)
+    proc = flashinfer_cli("dumps", demo_dumps, "--coverage", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith(f"Coverage of {demo_dumps} with flashinfer ")
@@ -204,7 +204,7 @@ def test_coverage_of_the_demo_session(demo_dumps, tmp_path):
 
 
 def test_export_bench_writes_the_dataset_layout(demo_dumps, tmp_path):
-    proc = flashinfer_cli("dumps", "--export-bench", demo_dumps, "bench", cwd=tmp_path)
+    proc = flashinfer_cli("dumps", demo_dumps, "--export-bench", "bench", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == (
@@ -239,7 +239,7 @@ def test_export_bench_writes_the_dataset_layout(demo_dumps, tmp_path):
         str(dump_of(demo_dumps, "BatchDecodeWithPagedKVCacheWrapper.plan") / "inputs.pt")
     )
     assert torch.equal(blob["kv_indices"], plan["arg_2"])
-    again = flashinfer_cli("dumps", "--export-bench", demo_dumps, "bench", cwd=tmp_path)
+    again = flashinfer_cli("dumps", demo_dumps, "--export-bench", "bench", cwd=tmp_path)
     assert again.returncode == 1
     assert again.stderr.strip() == "Error: bench: the output folder exists and is not empty"
 

@@ -31,7 +31,7 @@ def replay(root, cwd, modules):
     allow = [arg for m in sorted(modules) for arg in ("--allow-module", m)]
     report = os.path.join(cwd, os.path.basename(root) + ".json")
     proc = subprocess.run(
-        [sys.executable, "-m", "flashinfer_native", "replay", "--dir", root]
+        [sys.executable, "-m", "flashinfer_native", "replay", root]
         + ["--against", "reference", "--json", report, *allow],
         cwd=cwd,
         env={k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")},
@@ -151,8 +151,8 @@ def test_exported_workloads_load_with_flashinfer_benchs_own_loader(census, tmp_p
     _, manifest, clean_root, modules = census
     allow = [arg for m in sorted(modules) for arg in ("--allow-module", m)]
     proc = subprocess.run(
-        [sys.executable, "-m", "flashinfer_native", "dumps", "--export-bench", clean_root]
-        + ["bench", *allow],
+        [sys.executable, "-m", "flashinfer_native", "dumps", clean_root]
+        + ["--export-bench", "bench", *allow],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -182,7 +182,7 @@ def test_coverage_says_how_each_recorded_api_can_be_checked(census, tmp_path):
     _, _, clean_root, modules = census
     allow = [arg for m in sorted(modules) for arg in ("--allow-module", m)]
     proc = subprocess.run(
-        [sys.executable, "-m", "flashinfer_native", "dumps", "--dir", clean_root]
+        [sys.executable, "-m", "flashinfer_native", "dumps", clean_root]
         + ["--coverage", "--json", *allow],
         cwd=tmp_path,
         capture_output=True,
