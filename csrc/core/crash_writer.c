@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "compact.h"
+#include "dump_format.h"
 #include "ptzip.h"
 
 /* dst = a + b + c, NUL-terminated; -1 when it does not fit PATH_MAX. */
@@ -135,7 +136,7 @@ static int write_slot(const fi_ring *r, const fi_ring_slot *s, int session_fd, c
             return -1;
     }
     const fi_image *images[2] = {&f->inputs, &f->outputs};
-    const char *stems[2] = {"inputs.", "outputs."};
+    const char *stems[2] = {FI_DUMP_INPUTS ".", FI_DUMP_OUTPUTS "."};
     for (int i = 0; i < 2; i++) {
         if (images[i]->len == 0)
             continue;
@@ -147,7 +148,7 @@ static int write_slot(const fi_ring *r, const fi_ring_slot *s, int session_fd, c
             return -1;
     }
     /* metadata.jsonl last: a directory counts as a dump once it has one */
-    if (write_whole(s->dir, "metadata.jsonl", f->meta.data, f->meta.len) < 0)
+    if (write_whole(s->dir, FI_DUMP_METADATA_FILE, f->meta.data, f->meta.len) < 0)
         return -1;
     return session_fd >= 0 ? write_all_raw(session_fd, f->meta.data, f->meta.len) : 0;
 }
@@ -252,7 +253,7 @@ static int write_pack(fi_ring *r, uint64_t fire, char *name, size_t cap)
 int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame)
 {
     char session[PATH_MAX];
-    if (make_dirs(r->root) < 0 || join3(session, r->root, "/", "session.jsonl") < 0)
+    if (make_dirs(r->root) < 0 || join3(session, r->root, "/", FI_DUMP_SESSION_FILE) < 0)
         return -1;
     int fd = open(session, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     atomic_store(&r->flushing, 1);

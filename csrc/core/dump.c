@@ -12,6 +12,7 @@
 
 #include "compact.h"
 #include "dump_encode.h"
+#include "dump_format.h"
 #include "graph_capture.h"
 #include "record_mode.h"
 #include "sink.h"
@@ -104,7 +105,7 @@ static void timestamp_now(char *out, size_t n)
     gettimeofday(&tv, NULL);
     struct tm tm;
     localtime_r(&tv.tv_sec, &tm);
-    size_t k = strftime(out, n, "%Y%m%d_%H%M%S", &tm);
+    size_t k = strftime(out, n, FI_DUMP_STAMP_FORMAT, &tm);
     snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
 }
 
@@ -221,7 +222,7 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
     long long call_seq = 0;
     if (mode->place(call, stamp, ts->bytes, &call_seq) < 0)
         goto done;
-    Py_ssize_t written = capturing ? 0 : mode->save(call, "inputs", ts);
+    Py_ssize_t written = capturing ? 0 : mode->save(call, FI_DUMP_INPUTS, ts);
     if (written < 0) {
         mode->abandon(call);
         goto done;
@@ -270,7 +271,7 @@ fi_dump_call *fi_dump_begin(fi_recorder *rec, fi_call *ctx, const fi_dump_api *a
     r = record_inputs(call, api, &ts, args, nargs, kwnames);
 done:
     if (r < 0)
-        fi_dump_log_error(rec, api->api_name, "inputs");
+        fi_dump_log_error(rec, api->api_name, FI_DUMP_INPUTS);
     fi_dump_tensors_free(&ts);
     if (r != 0 && call) {
         call_free(call);
@@ -310,13 +311,13 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
             if (fi_dump_dict_set(rec_dict, "outputs_skipped", PyUnicode_FromString(refused)) < 0)
                 goto done;
         } else {
-            Py_ssize_t written = rec->mode->save(call, "outputs", &ts);
+            Py_ssize_t written = rec->mode->save(call, FI_DUMP_OUTPUTS, &ts);
             if (written < 0) {
                 PyObject *et, *ev, *tb;
                 PyErr_Fetch(&et, &ev, &tb);
                 PyObject *msg = ev ? PyObject_Str(ev) : NULL;
                 PyErr_Restore(et, ev, tb);
-                fi_dump_log_error(rec, PyUnicode_AsUTF8(call->name), "outputs");
+                fi_dump_log_error(rec, PyUnicode_AsUTF8(call->name), FI_DUMP_OUTPUTS);
                 PyObject *why = msg ? PyUnicode_FromFormat("write error: %U", msg)
                                     : PyUnicode_FromString("write error");
                 Py_XDECREF(msg);
@@ -384,7 +385,7 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     if (r == 0)
         r = mode->write_record(call);
     if (r < 0)
-        fi_dump_log_error(call->rec, PyUnicode_AsUTF8(call->name), "outputs");
+        fi_dump_log_error(call->rec, PyUnicode_AsUTF8(call->name), FI_DUMP_OUTPUTS);
     mode->done(call, result, r == 0);
     call_free(call);
     if (tb && ev)

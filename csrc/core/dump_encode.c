@@ -5,12 +5,10 @@
 
 #include <string.h>
 
+#include "dump_format.h"
 #include "format.h"
 #include "strbuf.h"
 #include "tensor.h"
-
-#define MAX_ITEMS 10000 /* list/tuple/dict items kept in a metadata record */
-#define REPR_LIMIT 1000
 
 int fi_dump_dict_set(PyObject *d, const char *key, PyObject *value)
 {
@@ -107,8 +105,8 @@ static PyObject *encode_repr(PyObject *v)
     if (!r) {
         PyErr_Clear();
         r = PyUnicode_FromFormat("<%s object>", _PyType_Name(Py_TYPE(v)));
-    } else if (PyUnicode_GET_LENGTH(r) > REPR_LIMIT) {
-        Py_SETREF(r, PyUnicode_Substring(r, 0, REPR_LIMIT));
+    } else if (PyUnicode_GET_LENGTH(r) > FI_DUMP_REPR_LIMIT) {
+        Py_SETREF(r, PyUnicode_Substring(r, 0, FI_DUMP_REPR_LIMIT));
     }
     return typed(_PyType_Name(Py_TYPE(v)), "repr", r);
 }
@@ -141,13 +139,13 @@ static PyObject *encode_container(fi_dump_tensors *ts, PyObject *v, PyObject *ke
     PyObject *seq = is_dict ? PyDict_Items(v) : PySequence_List(v);
     if (!seq)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(seq), kept = n < MAX_ITEMS ? n : MAX_ITEMS;
+    Py_ssize_t n = PyList_GET_SIZE(seq), kept = n < FI_DUMP_MAX_ITEMS ? n : FI_DUMP_MAX_ITEMS;
     PyObject *items = PyList_New(kept);
     for (Py_ssize_t i = 0; items && i < kept; i++) {
         PyObject *item = PyList_GET_ITEM(seq, i), *enc = NULL;
         if (is_dict) {
-            PyObject *kk = PyUnicode_FromFormat("%S__key_%zd", key, i);
-            PyObject *vk = PyUnicode_FromFormat("%S__value_%zd", key, i);
+            PyObject *kk = PyUnicode_FromFormat("%S" FI_KEY_NESTED FI_KEY_DICT_KEY "%zd", key, i);
+            PyObject *vk = PyUnicode_FromFormat("%S" FI_KEY_NESTED FI_KEY_DICT_VALUE "%zd", key, i);
             PyObject *ke = kk ? encode_value(ts, PyTuple_GET_ITEM(item, 0), kk) : NULL;
             PyObject *ve = (ke && vk) ? encode_value(ts, PyTuple_GET_ITEM(item, 1), vk) : NULL;
             if (ve)
@@ -157,7 +155,7 @@ static PyObject *encode_container(fi_dump_tensors *ts, PyObject *v, PyObject *ke
             Py_XDECREF(ke);
             Py_XDECREF(ve);
         } else {
-            PyObject *ik = PyUnicode_FromFormat("%S__%zd", key, i);
+            PyObject *ik = PyUnicode_FromFormat("%S" FI_KEY_NESTED "%zd", key, i);
             enc = ik ? encode_value(ts, item, ik) : NULL;
             Py_XDECREF(ik);
         }
@@ -248,9 +246,9 @@ int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        PyObject *key =
-            i < nargs ? PyUnicode_FromFormat("arg_%zd", i)
-                      : PyUnicode_FromFormat("kwarg_%U", PyTuple_GET_ITEM(kwnames, i - nargs));
+        PyObject *key = i < nargs ? PyUnicode_FromFormat(FI_KEY_ARG "%zd", i)
+                                  : PyUnicode_FromFormat(FI_KEY_KWARG "%U",
+                                                         PyTuple_GET_ITEM(kwnames, i - nargs));
         if (add_value(ts, meta, key, args[i]) < 0)
             return -1;
     }
@@ -260,9 +258,9 @@ int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *
 int fi_dump_encode_outputs(fi_dump_tensors *ts, PyObject *meta, PyObject *result)
 {
     if (!PyTuple_Check(result))
-        return add_value(ts, meta, PyUnicode_FromString("result"), result);
+        return add_value(ts, meta, PyUnicode_FromString(FI_KEY_RESULT), result);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(result); i++)
-        if (add_value(ts, meta, PyUnicode_FromFormat("result_%zd", i),
+        if (add_value(ts, meta, PyUnicode_FromFormat(FI_KEY_RESULT "_%zd", i),
                       PyTuple_GET_ITEM(result, i)) < 0)
             return -1;
     return 0;

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dump_format.h"
 #include "json.h"
 #include "sink.h"
 #include "strbuf.h"
@@ -126,8 +127,7 @@ char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
         long long n = fi_dump_next_counter(rec, name);
         if (n < 0)
             break;
-        snprintf(dir, cap, "%s/%s_pid%ld_%s_call%04lld", rec->cfg->dump_dir, stamp, (long)getpid(),
-                 safe, n);
+        snprintf(dir, cap, FI_DUMP_DIR_FORMAT, rec->cfg->dump_dir, stamp, (long)getpid(), safe, n);
         if (!create || mkdir(dir, 0700) == 0) {
             *call_seq = n;
             free(safe);
@@ -179,7 +179,7 @@ static int open_session_jsonl(fi_recorder *rec)
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(path, n, "%s/session.jsonl", rec->cfg->dump_dir);
+    snprintf(path, n, "%s/" FI_DUMP_SESSION_FILE, rec->cfg->dump_dir);
     rec->session_fd = open_append(path);
     free(path);
     return rec->session_fd;
@@ -197,11 +197,11 @@ static int open_metadata_with_line(const char *dir, const fi_buf *line, int *fd)
         PyErr_NoMemory();
         goto done;
     }
-    snprintf(meta, n, "%s/metadata.jsonl", dir);
-    snprintf(tmp, n, "%s/metadata.jsonl.tmp", dir);
+    snprintf(meta, n, "%s/" FI_DUMP_METADATA_FILE, dir);
+    snprintf(tmp, n, "%s/" FI_DUMP_METADATA_FILE ".tmp", dir);
     *fd = open(meta, O_WRONLY | O_APPEND | O_CLOEXEC);
     if (*fd >= 0) { /* a graph flush appends to the call's existing file */
-        r = write_line(*fd, "metadata.jsonl", dir, line);
+        r = write_line(*fd, FI_DUMP_METADATA_FILE, dir, line);
         goto done;
     }
     if (errno != ENOENT) {
@@ -209,7 +209,7 @@ static int open_metadata_with_line(const char *dir, const fi_buf *line, int *fd)
         goto done;
     }
     *fd = open_append(tmp);
-    if (*fd < 0 || write_line(*fd, "metadata.jsonl", dir, line) < 0)
+    if (*fd < 0 || write_line(*fd, FI_DUMP_METADATA_FILE, dir, line) < 0)
         goto done;
     if (rename(tmp, meta) < 0) {
         PyErr_Format(PyExc_OSError, "cannot rename %s: %s", tmp, strerror(errno));
@@ -236,7 +236,7 @@ int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyO
     }
     int fd = meta_fd ? *meta_fd : -1;
     if (r == 0 && fd >= 0)
-        r = write_line(fd, "metadata.jsonl", dir, &line);
+        r = write_line(fd, FI_DUMP_METADATA_FILE, dir, &line);
     else if (r == 0)
         r = open_metadata_with_line(dir, &line, &fd);
     if (meta_fd)
@@ -245,7 +245,7 @@ int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyO
         close(fd);
     if (r == 0 && rec->mode->keeps_session) {
         int sfd = open_session_jsonl(rec);
-        r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", rec->cfg->dump_dir, &line);
+        r = sfd < 0 ? -1 : write_line(sfd, FI_DUMP_SESSION_FILE, rec->cfg->dump_dir, &line);
     }
     fi_buf_free(&line);
     return r;
@@ -280,7 +280,7 @@ Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(path, n, "%s/%s.%s", dir, stem, st ? "safetensors" : "pt");
+    snprintf(path, n, "%s/%s.%s", dir, stem, st ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH);
     Py_ssize_t written = fi_save_tensor_dict_opts(
         path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, opts ? opts : &none);
     free(path);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dump_encode.h"
+#include "dump_format.h"
 #include "record_mode.h"
 #include "sink.h"
 
@@ -115,7 +116,9 @@ static int flush_entry(fi_recorder *rec, graph_entry *e, Py_ssize_t *parts)
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(snap, cap, "%s/graph_flushes/flush_%04ld/", e->dir, n);
+    snprintf(snap, cap,
+             "%s/" FI_DUMP_GRAPH_FLUSHES "/" FI_DUMP_FLUSH_PREFIX "%0" FI_DUMP_FLUSH_DIGITS "ld/",
+             e->dir, n);
     int r = fi_make_parents(snap, 0700); /* also remakes a call directory wiped meanwhile */
     if (r < 0)
         PyErr_Format(PyExc_OSError, "cannot create %s: %s", snap, strerror(errno));
@@ -123,7 +126,8 @@ static int flush_entry(fi_recorder *rec, graph_entry *e, Py_ssize_t *parts)
     const struct {
         PyObject *tensors;
         const char *stem, *status;
-    } part[2] = {{e->inputs, "inputs", "inputs_saved"}, {e->outputs, "outputs", "completed"}};
+    } part[2] = {{e->inputs, FI_DUMP_INPUTS, "inputs_saved"},
+                 {e->outputs, FI_DUMP_OUTPUTS, "completed"}};
     for (int i = 0; r == 0 && i < 2; i++) {
         if (!held_part(part[i].tensors))
             continue;

@@ -5,6 +5,7 @@
 #include "compact.h"
 #include "cuda_info.h"
 #include "difference.h"
+#include "dump_format.h"
 #include "format.h"
 #include "format_json.h"
 #include "histogram.h"
@@ -52,7 +53,8 @@ static PyModuleDef_Slot module_slots[] = {
     {Py_mod_exec, fi_tensorio_exec},    {Py_mod_exec, fi_stats_exec},
     {Py_mod_exec, fi_histogram_exec},   {Py_mod_exec, fi_difference_exec},
     {Py_mod_exec, fi_cuda_info_exec},   {Py_mod_exec, fi_pages_exec},
-    {Py_mod_exec, fi_compact_exec},     {0, NULL},
+    {Py_mod_exec, fi_compact_exec},     {Py_mod_exec, fi_dump_format_exec},
+    {0, NULL},
 };
 
 PyModuleDef fi_module_def = {

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "dump_format.h"
 #include "json.h"
 #include "ring_signals.h"
 #include "stats.h"
@@ -83,7 +84,7 @@ static int memory_recording(fi_recorder *rec)
         return fi_ring_recording(rec->ring);
     const fi_config *c = rec->cfg;
     fi_ring *r = fi_ring_new(c->ring, c->dump_dir, c->ring_max_gb, c->max_triggers,
-                             c->safetensors ? "safetensors" : "pt", rec->compact);
+                             c->safetensors ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH, rec->compact);
     if (!r) {
         PyErr_NoMemory();
         return -1;

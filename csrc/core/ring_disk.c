@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dump_format.h"
+
 struct fi_disk_ring {
     long long n;
     char **dirs;           /* ring buffer of the calls' directories */
@@ -69,7 +71,7 @@ static void delete_call_dir(const char *dir)
     size_t n = strlen(dir) + 32;
     char *meta = malloc(n);
     if (meta) {
-        snprintf(meta, n, "%s/metadata.jsonl", dir);
+        snprintf(meta, n, "%s/" FI_DUMP_METADATA_FILE, dir);
         unlink(meta);
         free(meta);
     }
