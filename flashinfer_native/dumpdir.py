@@ -8,7 +8,6 @@ import errno
 import fnmatch
 import math
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 
@@ -35,11 +34,11 @@ __all__ = [
     "tensor_file",
 ]
 
-METADATA_FILE = "metadata.jsonl"
-SESSION_FILE = "session.jsonl"
+METADATA_FILE = rec.METADATA_FILE
+SESSION_FILE = rec.SESSION_FILE
 # the compact layout's manifest of a call's tensors, in place of inputs.pt / outputs.pt
 CHUNKS_SUFFIX = ".chunks.json"
-_DIR_NAME = re.compile(r"^(\d{8}_\d{6}_\d{3})_pid(\d+)_(.+)_call\d+$")
+_DIR_NAME = rec.DIR_NAME
 
 
 # --------------------------------------------------------------------- records

@@ -17,9 +17,14 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from . import _C
 from .terminal import brief
 
 __all__ = [
+    "DIR_NAME",
+    "FORMAT",
+    "METADATA_FILE",
+    "SESSION_FILE",
     "MAX_DEPTH",
     "MAX_LINE_BYTES",
     "MAX_METADATA_BYTES",
@@ -42,6 +47,35 @@ __all__ = [
     "index_of",
     "parse_record",
 ]
+
+# ------------------------------------------------------------------------ layout
+
+# The writer's names, taken from the core (csrc/core/dump_format.h exports them as
+# _C.DUMP_FORMAT): the file names, the call directory pattern, the argument keys and the
+# writer's bounds (docs/dump-format.md). tests/test_dump_format.py holds a written dump to
+# them.
+FORMAT = _C.DUMP_FORMAT
+METADATA_FILE = FORMAT["metadata_file"]
+SESSION_FILE = FORMAT["session_file"]
+_STRFTIME_DIGITS = {"%Y": 4, "%m": 2, "%d": 2, "%H": 2, "%M": 2, "%S": 2}
+
+
+def _stamp_pattern(strftime_format):
+    """A regex of what strftime(``strftime_format``) prints, for the numeric fields the
+    stamp uses."""
+    parts = re.split(r"(%[YmdHMS])", strftime_format)
+    return "".join(
+        rf"\d{{{_STRFTIME_DIGITS[p]}}}" if p in _STRFTIME_DIGITS else re.escape(p) for p in parts
+    )
+
+
+# A call directory: STAMP _pid PID _ NAME _call N (groups: stamp, pid, name).
+DIR_NAME = re.compile(
+    rf"^({_stamp_pattern(FORMAT['stamp_format'])}_\d{{3}})"
+    rf"{re.escape(FORMAT['pid_mark'])}(\d+)_(.+)"
+    rf"{re.escape(FORMAT['call_mark'])}\d{{{FORMAT['call_digits']},}}$",
+    re.ASCII,
+)
 
 # ------------------------------------------------------------------------ bounds
 

@@ -264,7 +264,7 @@ int fi_dump_write_session_record(fi_recorder *rec, PyObject *record)
     }
     int sfd = r == 0 ? open_session_jsonl(rec) : -1;
     if (r == 0)
-        r = sfd < 0 ? -1 : write_line(sfd, "session.jsonl", rec->cfg->dump_dir, &line);
+        r = sfd < 0 ? -1 : write_line(sfd, FI_DUMP_SESSION_FILE, rec->cfg->dump_dir, &line);
     fi_buf_free(&line);
     return r;
 }

@@ -9,7 +9,8 @@
 #include "dump_format.h"
 
 /* Every field the recorder writes: a call's record (dump.c, dump_files.c), its CUDA graph
- * snapshots (graph_capture.c), a trigger record (crash_writer.c) and the keys
+ * snapshots (graph_capture.c), a trigger record (crash_writer.c), a skip record
+ * (record_dirs.c) and the keys
  * static_meta["record_extras"] adds (flashinfer_native/distributed.py). */
 static const char *const record_fields[] = {
     "function_name",
@@ -42,6 +43,9 @@ static const char *const record_fields[] = {
     "signal",
     "time",
     "calls_written",
+    "duration_us",
+    "reason",
+    "calls_skipped",
 };
 
 static PyObject *fields_tuple(void)
