@@ -185,10 +185,10 @@ def read_tree(root):
     replay's loading, ``diff`` (the tree against itself), ``report`` (the page, not
     written) and the ``repro`` exporter (the script, not written); only OSError /
     ValueError (and LookupError from the exporter) may escape."""
-    from flashinfer_native import diff, dumpdir, replay, report, repro
+    from flashinfer_native import calls, diff, dumpdir, replay, report, repro
 
     try:
-        dumpdir.summarize_session(root)
+        calls.summarize_session(root)
     except EXPECTED:
         pass
     for path, _ in dumpdir.ordered_dumps(root):
