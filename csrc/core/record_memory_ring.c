@@ -83,8 +83,9 @@ static int memory_recording(fi_recorder *rec)
     if (rec->ring)
         return fi_ring_recording(rec->ring);
     const fi_config *c = rec->cfg;
-    fi_ring *r = fi_ring_new(c->ring, c->dump_dir, c->ring_max_gb, c->max_triggers,
-                             c->safetensors ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH, rec->compact);
+    fi_ring *r =
+        fi_ring_new(c->ring, c->dump_dir, c->ring_max_gb, c->max_triggers,
+                    c->safetensors ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH, rec->compact);
     if (!r) {
         PyErr_NoMemory();
         return -1;
