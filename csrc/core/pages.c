@@ -191,9 +191,7 @@ const fi_page_set *fi_paged_find(const fi_paged *p, PyObject *tensor)
     return NULL;
 }
 
-/* tensor[pages] on its device (index_select along dim 0) copied to the host: the pages'
- * bytes one after another. A new reference, NULL with an exception set. */
-static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
+PyObject *fi_pages_gather(PyObject *tensor, const fi_page_set *ps)
 {
     PyObject *ids = PyList_New(ps->n);
     for (int64_t i = 0; ids && i < ps->n; i++) {
@@ -212,7 +210,6 @@ static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
              : NULL;
     PyObject *idx = kw ? PyObject_Call(fn, args, kw) : NULL;
     PyObject *g = idx ? PyObject_CallMethod(tensor, "index_select", "iO", 0, idx) : NULL;
-    PyObject *host = g ? PyObject_CallMethodNoArgs(g, fi_names.cpu) : NULL;
     Py_XDECREF(ids);
     Py_XDECREF(torch);
     Py_XDECREF(device);
@@ -220,6 +217,15 @@ static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
     Py_XDECREF(args);
     Py_XDECREF(kw);
     Py_XDECREF(idx);
+    return g;
+}
+
+/* fi_pages_gather copied to the host: the pages' bytes one after another. A new
+ * reference, NULL with an exception set. */
+static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
+{
+    PyObject *g = fi_pages_gather(tensor, ps);
+    PyObject *host = g ? PyObject_CallMethodNoArgs(g, fi_names.cpu) : NULL;
     Py_XDECREF(g);
     return host;
 }

@@ -57,6 +57,10 @@ const fi_span_keep *fi_paged_keep(void *ctx, PyObject *tensor);
  * a tensor are written, hashed and summed page by page. */
 int fi_pages_contiguous(const fi_tensor *t, int64_t *page_elems);
 
+/* tensor[pages] on tensor's own device (index_select along dim 0): a new reference, NULL
+ * with an exception set. */
+PyObject *fi_pages_gather(PyObject *tensor, const fi_page_set *ps);
+
 /* A call's arguments as the decorator got them: positional (self first for methods) and
  * keyword, with the wrapped function's positional parameter names to resolve them. */
 typedef struct {

@@ -354,39 +354,6 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
 static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *memo,
                           fi_stats *out);
 
-/* tensor[pages] gathered by torch (index_select along dim 0, on its device). */
-static PyObject *gather_pages(PyObject *tensor, const fi_page_set *ps)
-{
-    PyObject *ids = PyList_New(ps->n);
-    for (int64_t i = 0; ids && i < ps->n; i++) {
-        PyObject *v = PyLong_FromLongLong(ps->page[i]);
-        if (!v)
-            Py_CLEAR(ids);
-        else
-            PyList_SET_ITEM(ids, i, v);
-    }
-    PyObject *torch = ids ? PyImport_ImportModule("torch") : NULL;
-    PyObject *device = torch ? PyObject_GetAttr(tensor, fi_names.device) : NULL;
-    PyObject *idx = NULL;
-    if (device) {
-        PyObject *fn = PyObject_GetAttrString(torch, "tensor");
-        PyObject *args = fn ? PyTuple_Pack(1, ids) : NULL;
-        PyObject *kw =
-            args ? Py_BuildValue("{sOsO}", "device", device, "dtype", fi_dtype_to_py(FI_DTYPE_I64))
-                 : NULL;
-        idx = kw ? PyObject_Call(fn, args, kw) : NULL;
-        Py_XDECREF(fn);
-        Py_XDECREF(args);
-        Py_XDECREF(kw);
-    }
-    PyObject *g = idx ? PyObject_CallMethod(tensor, "index_select", "iO", 0, idx) : NULL;
-    Py_XDECREF(ids);
-    Py_XDECREF(torch);
-    Py_XDECREF(device);
-    Py_XDECREF(idx);
-    return g;
-}
-
 /* Statistics of the pages ps of tensor: CPU pages that are each one run of float32/16 or
  * bfloat16 elements are streamed page by page, in place; any other tensor is gathered
  * first (tensor[pages], on its device). */
@@ -418,7 +385,7 @@ static int stats_of_pages(PyObject *tensor, const fi_tensor *t, const fi_page_se
         if (apply_neg_bit(tensor, out) < 0)
             return -1;
     } else {
-        PyObject *g = gather_pages(tensor, ps);
+        PyObject *g = fi_pages_gather(tensor, ps);
         fi_tensor gt;
         int r = g && fi_tensor_from_py(g, &gt) == 0 ? stats_of_known(g, &gt, NULL, out) : -1;
         Py_XDECREF(g);
