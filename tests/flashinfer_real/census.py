@@ -114,7 +114,9 @@ print(
             "scanned_experimental": scanned.count("flashinfer_experimental_api"),
             "failed_modules": failed,
             "native_wrappers": native_objects,
-            "native_imported": "flashinfer_native" in sys.modules,
+            # the core itself: without the switch the start-up hook imports only its
+            # lightweight flashinfer_native.hook, to lend api_logging load_tensors
+            "native_imported": "flashinfer_native._C" in sys.modules,
             "apis": apis,
         }
     )

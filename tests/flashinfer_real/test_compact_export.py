@@ -22,7 +22,7 @@ import json, sys
 from flashinfer.api_logging import replay_sequence
 results = replay_sequence(sys.argv[1], device="cpu")
 print(json.dumps([[r["metadata"]["function_name"], r.get("comparison_match"), "error" in r]
-                  for r in results] + ["flashinfer_native" in sys.modules]))
+                  for r in results] + [replay_sequence.__module__]))
 """
 
 
@@ -56,8 +56,10 @@ def test_an_exported_compact_session_replays_under_flashinfers_replay_sequence(t
     code = REPLAY.replace("sys.argv[1]", repr(str(out)))
     proc = run_python(code, tmp_path, native=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    *results, native_loaded = json.loads(proc.stdout.splitlines()[-1])
-    assert native_loaded is False  # FlashInfer's own replay, not the core's
+    *results, replayed_by = json.loads(proc.stdout.splitlines()[-1])
+    # FlashInfer's own replay, not the core's (the start-up hook may still be imported: it
+    # only lends FlashInfer's api_logging load_tensors, docs/serving-flashinfer.md)
+    assert replayed_by == "flashinfer.api_logging"
     by_name = {name: (match, error) for name, match, error in results}
     assert by_name["shuffle_matrix_a"] == (True, False)
     assert by_name["BatchMLAPagedAttentionWrapper.__init__"][1] is False

@@ -191,8 +191,9 @@ def test_flashinfers_replay_reads_a_native_dump(sessions, tmp_path):
         "import json, sys\n"
         "from flashinfer.api_logging import replay_from_dump\n"
         "r = replay_from_dump(sys.argv[1], compare_outputs=True, device='cpu', run=True)\n"
-        "print(json.dumps([r.get('comparison_match'), 'flashinfer_native' in sys.modules]))\n"
+        "print(json.dumps([r.get('comparison_match'), replay_from_dump.__module__]))\n"
     )
     proc = run_python(code.replace("sys.argv[1]", repr(folder)), tmp_path, native=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.splitlines()[-1]) == [True, False]
+    # FlashInfer's own replay (the hook only lends api_logging load_tensors without the switch)
+    assert json.loads(proc.stdout.splitlines()[-1]) == [True, "flashinfer.api_logging"]
