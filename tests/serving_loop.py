@@ -2,9 +2,37 @@
 the full-size one): layers of paged KV caches, one plan and a run per layer a step, each step
 appending one token per sequence into the cache with plain torch indexing."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import torch
 
 import flashinfer
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def record(tmp_path, body, name="dumps", level="10", **env_extra):
+    """Runs body (after ``import torch, serving_loop``) in a child at FLASHINFER_LOGLEVEL=level
+    with its dumps under tmp_path/name and env_extra set; returns that dump root."""
+    root = tmp_path / name
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    env.update(
+        FLASHINFER_LOGLEVEL=level,
+        FLASHINFER_LOGDEST=str(tmp_path / f"{name}.log"),
+        FLASHINFER_DUMP_DIR=str(root),
+        PYTHONPATH=os.pathsep.join([ROOT, TESTS]),
+        **env_extra,
+    )
+    src = "import torch\nimport serving_loop\n" + textwrap.dedent(body)
+    r = subprocess.run(
+        [sys.executable, "-c", src], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    return root
 
 
 def run(

@@ -7,11 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 from click.testing import CliRunner
+from serving_loop import record
 
 from flashinfer.__main__ import cli
 from flashinfer.api_logging import replay_sequence
@@ -19,24 +19,6 @@ from flashinfer_native import _C
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-
-
-def record(tmp_path, body, name="dumps", **env_extra):
-    root = tmp_path / name
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
-    env.update(
-        FLASHINFER_LOGLEVEL="10",
-        FLASHINFER_LOGDEST=str(tmp_path / "log.txt"),
-        FLASHINFER_DUMP_DIR=str(root),
-        PYTHONPATH=os.pathsep.join([ROOT, TESTS]),
-        **env_extra,
-    )
-    src = "import torch\nimport serving_loop\n" + textwrap.dedent(body)
-    r = subprocess.run(
-        [sys.executable, "-c", src], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr
-    return root
 
 
 def rewrite_records(path):

@@ -6,11 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 from click.testing import CliRunner
+from serving_loop import record
 
 from flashinfer.__main__ import cli
 from flashinfer.api_logging import replay_sequence
@@ -26,24 +26,6 @@ def stale(step, caches, referenced):
     for c in caches:
         c[free[step]] = float("nan")
 """
-
-
-def record(tmp_path, body, name="dumps", level="10", **env_extra):
-    root = tmp_path / name
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
-    env.update(
-        FLASHINFER_LOGLEVEL=level,
-        FLASHINFER_LOGDEST=str(tmp_path / f"{name}.log"),
-        FLASHINFER_DUMP_DIR=str(root),
-        PYTHONPATH=os.pathsep.join([ROOT, TESTS]),
-        **env_extra,
-    )
-    src = "import torch\nimport serving_loop\n" + textwrap.dedent(body)
-    r = subprocess.run(
-        [sys.executable, "-c", src], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr
-    return root
 
 
 def all_match(results):
