@@ -455,13 +455,17 @@ def parse_timestamp(text):
 
 def summarize(session):
     """What ``dumps`` prints of a session: calls per API, completed / exception /
-    incomplete / unreadable calls, bytes recorded and on disk, the flight recorder's triggers and the
-    calls the recorder skipped (by reason)."""
-    completed, exceptions, incomplete, unreadable = [], [], [], []
+    incomplete / unreadable calls, the metadata-only ones (``metadata_only``: a ring kept
+    their records, not their tensors), bytes recorded and on disk, the flight recorder's
+    triggers (what fired, the triggering call, the calls written and lost) and the calls the
+    recorder skipped (by reason)."""
+    completed, exceptions, incomplete, unreadable, metadata_only = [], [], [], [], []
     recorded = 0
     for call in session.calls:
         record = call.record or {}
         info = _dict(record.get("tensor_info"))
+        if record.get("tensors_skipped"):
+            metadata_only.append({"dir": call.dir_name, "reason": str(record["tensors_skipped"])})
         if call.status == "unreadable":
             unreadable.append({"dir": call.dir_name, "error": call.error})
         elif call.status == "completed":
@@ -487,6 +491,7 @@ def summarize(session):
         "exception": sorted(exceptions, key=lambda e: e["dir"]),
         "incomplete": sorted(incomplete),
         "unreadable": sorted(unreadable, key=lambda e: e["dir"]),
+        "metadata_only": sorted(metadata_only, key=lambda m: m["dir"]),
         "recorded_bytes": recorded,
         "disk_bytes": _disk_bytes(session),
         "unreadable_records": session.unreadable_records,
@@ -531,4 +536,6 @@ def _trigger_summary(record):
         "time": record.get("time"),
         "process_id": record.get("process_id"),
         "calls_written": record.get("calls_written"),
+        "calls_lost": record.get("calls_lost", 0),
+        "error": record.get("error"),
     }

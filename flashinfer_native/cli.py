@@ -33,6 +33,7 @@ _MARKS = {
         "yellow",
     ),
     "ran": ("✅ Ran (recorded with inputs only: nothing to compare)", "green"),
+    "skipped": ("⏭️ Skipped: metadata only, not run", "yellow"),
 }
 
 
@@ -166,6 +167,8 @@ def _call_line(index, result, status, color, setup=False):
         text = f"{mark}: {escape(_message(result, status))}"
     elif status == "passed" and _passed_note(result):
         text = f"{mark} ({escape(_passed_note(result))})"
+    elif status == "skipped":
+        text = f"{mark} ({escape(result['skipped'])})"
     dir_name = escape(os.path.basename(result.get("dump_dir", "")))
     styled = click.style(text, fg=colour) if color else text
     return f"[{index}] {escape(name)} ({dir_name}): {styled}" + (" [setup]" if setup else "")
@@ -189,6 +192,8 @@ def _report_entry(index, result, status, setup=False):
         entry["mismatches"] = result["mismatches"]
     if result.get("comparison_skipped"):
         entry["comparison_skipped"] = result["comparison_skipped"]
+    if status == "skipped":
+        entry["skipped"] = result["skipped"]
     return entry
 
 
@@ -309,11 +314,12 @@ def replay(
     modules are called (flashinfer, plus --allow-module); a dump naming anything else
     is refused.
 
-    Exit status: 0 when every call passed, 1 when any call failed, mismatched, was
-    refused or incomplete, or DIR holds no dump or no call matches the filters, 2 for
-    bad arguments or a missing directory. With --per-rank every rank exits 1 when any
-    rank had a failure. With --against reference: 0 when no call mismatched or failed
-    to load (calls without a reference are listed, not failed), 1 otherwise.
+    Exit status: 0 when every call passed (or was skipped: a metadata-only call, whose
+    tensors a ring did not keep), 1 when any call failed, mismatched, was refused or
+    incomplete, or DIR holds no dump or no call matches the filters, 2 for bad arguments
+    or a missing directory. With --per-rank every rank exits 1 when any rank had a
+    failure. With --against reference: 0 when no call mismatched or failed to load
+    (calls without a reference are listed, not failed), 1 otherwise.
     """
     dump_dir = _one_dir(dump_dir, dir_option)
     session = _load_session(dump_dir)
@@ -381,7 +387,13 @@ def _nothing_selected(session, dump_dir, include, exclude):
 
 def _all_passed(counts):
     total = sum(counts.values())
-    good = counts["passed"] + counts["ran"] + counts["setup passed"]
+    good = (
+        counts["passed"]
+        + counts["ran"]
+        + counts["skipped"]
+        + counts["setup passed"]
+        + counts["setup skipped"]
+    )
     return total > 0 and good == total
 
 
@@ -430,6 +442,8 @@ def _summary_line(counts):
         summary += f", {counts['incomplete']} incomplete"
     if counts["ran"]:
         summary += f", {counts['ran']} incomplete ran (nothing to compare)"
+    if counts["skipped"]:
+        summary += f", {counts['skipped']} skipped (metadata only)"
     setup = {k[6:]: n for k, n in counts.items() if k.startswith("setup ") and n}
     if setup:
         parts = ", ".join(f"{n} {status}" for status, n in sorted(setup.items()))
@@ -453,6 +467,7 @@ def _json_report(dump_dir, single, device, options, counts, report):
             "error": counts["error"],
             "incomplete": counts["incomplete"],
             "ran": counts["ran"],
+            "skipped": counts["skipped"],
             "setup": dict(sorted(setup.items())),
         },
         "results": report,
@@ -630,9 +645,10 @@ def dumps(
         for t in s["triggers"]:
             what = str(t["trigger"] or "trigger") + (f" ({t['signal']})" if t.get("signal") else "")
             fired.setdefault(t["dir"], what)
+            lost = f", {t['calls_lost']} lost ({t['error']})" if t.get("calls_lost") else ""
             _say(
                 f"  {what} at {t['dir']} (pid {t['process_id']}): "
-                f"{t['calls_written']} calls written"
+                f"{t['calls_written']} calls written{lost}"
             )
     if quiet:
         return
@@ -660,6 +676,10 @@ def dumps(
         click.echo("Unreadable calls:")
         for e in s["unreadable"]:
             _say(f"  {e['dir']}: {_first_line(e['error'])}")
+    if s["metadata_only"]:
+        click.echo("Metadata-only calls (records kept, tensors not; replay skips them):")
+        for m in s["metadata_only"]:
+            _say(f"  {m['dir']}: {m['reason']}")
 
 
 def _tolerances(command):

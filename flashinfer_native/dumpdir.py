@@ -262,14 +262,17 @@ def tensor_file(dump_dir, stem, record):
 def find_dump_dirs(root_dir):
     """Sub-directories of ``root_dir`` holding ``metadata.jsonl``, sorted by name.
 
-    A symbolic link under the root is not a dump directory: it is never followed."""
+    A symbolic link under the root is not a dump directory: it is never followed. A hidden
+    one is skipped: a ring's write-out fills a call's directory under a hidden name and
+    renames it once whole (docs/ring.md#write-outs)."""
     root_dir = os.fspath(root_dir)
     if not os.path.isdir(root_dir):
         raise FileNotFoundError(f"dump root directory not found: {root_dir}")
     return sorted(
         os.path.join(root_dir, name)
         for name in os.listdir(root_dir)
-        if not os.path.islink(os.path.join(root_dir, name))
+        if not name.startswith(".")
+        and not os.path.islink(os.path.join(root_dir, name))
         and os.path.lexists(os.path.join(root_dir, name, METADATA_FILE))
     )
 

@@ -315,7 +315,8 @@ def replay_from_dump(
         recorded return value, decoded); with ``run`` ``execution_result``
         (and ``comparison_match``, ``mismatches``) or ``execution_error``. A dump whose
         process died during the call (status ``inputs_saved``) gets ``incomplete: True``
-        and no comparison.
+        and no comparison. A metadata-only dump (``tensors_skipped``: a ring kept its
+        records, not its tensors) gives only ``metadata`` and ``skipped``, the reason.
 
     Raises
     ------
@@ -332,6 +333,9 @@ def replay_from_dump(
     last = read_metadata(dump_dir)[-1]
     where = os.path.join(dump_dir, METADATA_FILE)
     status = last.get("execution_status")
+    if last.get("tensors_skipped"):
+        # a ring kept this call's records only (docs/ring.md): there is nothing to run
+        return {"metadata": last, "skipped": f"tensors not recorded ({last['tensors_skipped']})"}
     with suspended_dumps():
         if run:
             registry.import_allowed(allow_modules)
@@ -534,8 +538,8 @@ def replay_sequence(
         each with ``dump_dir``. A dump that fails, or names something replay refuses
         (``ReplayRefused``), gives ``{"error", "dump_dir", "metadata"}`` and the run
         goes on. Calls whose process died (status ``inputs_saved``) are loaded, not run,
-        and marked ``incomplete``. A call replayed only to set up a selected one has
-        ``setup: True``.
+        and marked ``incomplete``; metadata-only calls are not run and say ``skipped``.
+        A call replayed only to set up a selected one has ``setup: True``.
 
     Raises
     ------
@@ -576,10 +580,12 @@ def replay_sequence(
 
 def classify(result):
     """Outcome of one replay result: ``passed``, ``mismatch``, ``error``, ``incomplete``
-    (recorded with inputs only, not run) or ``ran`` (recorded with inputs only, run with
-    ``run_incomplete``, returned)."""
+    (recorded with inputs only, not run), ``ran`` (recorded with inputs only, run with
+    ``run_incomplete``, returned) or ``skipped`` (a metadata-only dump: nothing to run)."""
     if "error" in result:
         return "error"
+    if result.get("skipped"):
+        return "skipped"
     if result.get("incomplete"):
         if "execution_error" in result:
             return "error"

@@ -393,6 +393,8 @@ def _call_row(call, timing, replay, with_duration):
     start, duration = timing
     exc = record.get("exception") or {}
     note = f"{exc.get('type')}: {exc.get('message')}" if exc else call.error or ""
+    if record.get("tensors_skipped"):
+        note = f"{_metadata_only(record)}; {note}" if note else _metadata_only(record)
     cells = [
         f'<td><a href="#detail-{call.index + 1}">{call.index + 1}</a></td>',
         f"<td>{_esc(_clock(start)[11:] if start else '')}</td>",
@@ -409,11 +411,19 @@ def _call_row(call, timing, replay, with_duration):
     return f'<tr id="call-{call.index + 1}">' + "".join(cells) + "</tr>"
 
 
+def _metadata_only(record):
+    """The note of a call a ring kept the records of, not the tensors (docs/ring.md)."""
+    return f"metadata only: tensors not kept ({record['tensors_skipped']})"
+
+
 def _call_detail(call, counts):
     record = call.record or {}
-    rows = _tensor_rows(call, record, "input", "inputs", counts)
-    if call.status == "completed":
-        rows += _tensor_rows(call, record, "output", "outputs", counts)
+    if record.get("tensors_skipped"):
+        rows = [f'<tr><td colspan="6">{_esc(_metadata_only(record))}</td></tr>']
+    else:
+        rows = _tensor_rows(call, record, "input", "inputs", counts)
+        if call.status == "completed":
+            rows += _tensor_rows(call, record, "output", "outputs", counts)
     where = os.path.join(call.path, dumpdir.METADATA_FILE)
     args = "".join(
         f"<li><code>{_esc(label)}</code> = <code>{_esc(text)}</code></li>"

@@ -1,10 +1,13 @@
 """Decorated APIs for the flight recorder's tests (tests/test_ring*.py): a step that can
-produce NaN, a call that raises, and calls that crash the process."""
+produce NaN, a call that raises, calls that crash the process, and the work of a pool
+worker."""
 
 import ctypes
 import os
 import signal
 import sys
+
+import torch
 
 from flashinfer.api_logging import flashinfer_api
 
@@ -46,3 +49,21 @@ def stack_overflow(x):
         nested = [nested]
     sys.setrecursionlimit(1 << 30)
     return repr(nested)
+
+
+@flashinfer_api
+def checksum(x):
+    """The sum of x: a call whose outputs are tiny whatever its inputs."""
+    return x.sum()
+
+
+def record_in_worker(first, n):
+    """In a pool worker: step calls first .. first + n - 1, then a failing call; returns the
+    worker's pid (tests/test_ring_stress.py)."""
+    for i in range(first, first + n):
+        step(torch.full((64,), i + 0.5), i)
+    try:
+        fail(torch.ones(1))
+    except ValueError:
+        pass
+    return os.getpid()

@@ -150,6 +150,7 @@ def test_json_report_content(session, root, tmp_path):
         "incomplete": 0,
         "ran": 0,
         "setup": {},
+        "skipped": 0,
     }
     first = report["results"][0]
     assert first["status"] == "mismatch" and first["function_name"] == "scale_add"

@@ -13,6 +13,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "memory_limit.h"
+
 int fi_config_round_level(long long level)
 {
     if (level >= 10)
@@ -183,13 +185,22 @@ static void env_size_gb(const char *var, const char *default_text, double *out,
         warn(ctx, var, v, default_text);
 }
 
+double fi_config_default_ring_gb(void)
+{
+    /* a ring that took what the process may use would make its own calls fail */
+    double quarter = (double)fi_memory_limit() / 4.0 / (1024.0 * 1024.0 * 1024.0);
+    return quarter < 4.0 ? quarter : 4.0;
+}
+
 /* The flight recorder's variables (FLASHINFER_DUMP_RING and what goes with it). */
 static int ring_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
 {
-    cfg->ring_max_gb = 4.0;
     cfg->max_triggers = 1;
     env_ll("FLASHINFER_DUMP_RING", 1, LLONG_MAX, "0 (no ring)", &cfg->ring, warn, ctx);
-    env_size_gb("FLASHINFER_DUMP_RING_MAX_GB", "4", &cfg->ring_max_gb, warn, ctx);
+    cfg->ring_max_gb = cfg->ring > 0 ? fi_config_default_ring_gb() : 4.0;
+    char budget[32];
+    snprintf(budget, sizeof budget, "%g", cfg->ring_max_gb);
+    env_size_gb("FLASHINFER_DUMP_RING_MAX_GB", budget, &cfg->ring_max_gb, warn, ctx);
     env_ll("FLASHINFER_DUMP_MAX_TRIGGERS", 0, LLONG_MAX, "1", &cfg->max_triggers, warn, ctx);
     const char *v = env_or_null("FLASHINFER_DUMP_LAYOUT");
     if (v && strcasecmp(v, "flashinfer") == 0)

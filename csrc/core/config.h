@@ -35,7 +35,8 @@ typedef struct {
     int safetensors;
     long long ring;         /* FLASHINFER_DUMP_RING: calls kept (0: no ring) */
     unsigned dump_on;       /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
-    double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget */
+    double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget, by
+                               default fi_config_default_ring_gb() */
     long long max_triggers; /* FLASHINFER_DUMP_MAX_TRIGGERS */
     fi_dump_layout layout;  /* FLASHINFER_DUMP_LAYOUT (FI_LAYOUT_DEFAULT: unset) */
     char *include[FI_MAX_PATTERNS];
@@ -53,6 +54,10 @@ typedef void (*fi_config_warn_fn)(void *ctx, const char *var, const char *value,
  * default); returns -1 only when memory runs out. */
 int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx);
 void fi_config_free(fi_config *cfg);
+
+/* The in-memory ring's budget when FLASHINFER_DUMP_RING_MAX_GB is unset: the smaller of
+ * 4 GB and a quarter of the memory the process may use (fi_memory_limit). */
+double fi_config_default_ring_gb(void);
 
 /* Rounds a requested level down to a named one (0, 1, 3, 5, 10). */
 int fi_config_round_level(long long level);

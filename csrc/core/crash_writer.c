@@ -1,15 +1,17 @@
 /* crash_writer.c: the in-memory ring written out as dump directories. Everything here runs
  * inside signal handlers too: it only reads memory prepared at call time and uses
- * open/write/fsync/rename/mkdir/close (async-signal-safe per POSIX) and memcpy/strlen
- * (async-signal-safe since POSIX.1-2016). No malloc, no stdio, no locks: paths are built in
- * stack buffers. */
+ * open/write/fsync/rename/mkdir/unlink/rmdir/close (async-signal-safe per POSIX) and
+ * memcpy/strlen (async-signal-safe since POSIX.1-2016). No malloc, no stdio, no locks but
+ * the ring's own writer flag: paths are built in stack buffers. */
 #include "crash_writer.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,16 +19,48 @@
 #include "dump_format.h"
 #include "ptzip.h"
 
-/* dst = a + b + c, NUL-terminated; -1 when it does not fit PATH_MAX. */
+/* ---------------------------------------------------------- one writer at a time */
+
+long fi_crash_tid(void) { return (long)syscall(SYS_gettid); }
+
+int fi_ring_writer_try(fi_ring *r)
+{
+    long me = fi_crash_tid(), none = 0;
+    if (atomic_compare_exchange_strong(&r->writer, &none, me))
+        return 1;
+    return none == me ? -1 : 0;
+}
+
+void fi_ring_writer_release(fi_ring *r) { atomic_store(&r->writer, 0); }
+
+/* --------------------------------------------------------------------- paths */
+
+/* dst = a + b + c, NUL-terminated; -1 (ENAMETOOLONG) when it does not fit PATH_MAX. */
 static int join3(char *dst, const char *a, const char *b, const char *c)
 {
     size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
-    if (la + lb + lc + 1 > PATH_MAX)
+    if (la + lb + lc + 1 > PATH_MAX) {
+        errno = ENAMETOOLONG;
         return -1;
+    }
     memcpy(dst, a, la);
     memcpy(dst + la, b, lb);
     memcpy(dst + la + lb, c, lc + 1);
     return 0;
+}
+
+/* The last component of path. */
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* A call directory's temporary name while its files are written: a hidden sibling, which
+ * readers skip (flashinfer_native/dumpdir.py), renamed to dir once whole. */
+static int partial_name(char *dst, const fi_ring *r, const char *dir)
+{
+    return join3(dst, r->root, "/.", base_name(dir)) < 0 ? -1 : join3(dst, dst, ".partial", "");
 }
 
 static int write_all_raw(int fd, const char *p, size_t n)
@@ -35,6 +69,8 @@ static int write_all_raw(int fd, const char *p, size_t n)
         ssize_t k = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
         if (k < 0 && errno == EINTR)
             continue;
+        if (k == 0)
+            errno = ENOSPC;
         if (k <= 0)
             return -1;
         p += k;
@@ -43,8 +79,10 @@ static int write_all_raw(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* dir/name, whole or not at all: written to dir/name.tmp, fsync'd, renamed into place. */
-static int write_whole(const char *dir, const char *name, const char *data, size_t len)
+/* dir/name holding head then tail, whole or not at all: written to dir/name.tmp, fsync'd,
+ * renamed into place. On failure errno is that of the failing step. */
+static int write_whole2(const char *dir, const char *name, const char *head, size_t head_len,
+                        const char *tail, size_t tail_len)
 {
     char path[PATH_MAX], tmp[PATH_MAX];
     if (join3(path, dir, "/", name) < 0 || join3(tmp, path, ".tmp", "") < 0)
@@ -52,14 +90,29 @@ static int write_whole(const char *dir, const char *name, const char *data, size
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    int r = write_all_raw(fd, data, len) < 0 || fsync(fd) < 0 ? -1 : 0;
-    if (close(fd) < 0)
+    int r = write_all_raw(fd, head, head_len) < 0 || write_all_raw(fd, tail, tail_len) < 0 ||
+                    fsync(fd) < 0
+                ? -1
+                : 0;
+    int err = errno;
+    if (close(fd) < 0 && r == 0) {
         r = -1;
-    if (r == 0 && rename(tmp, path) < 0)
+        err = errno;
+    }
+    if (r == 0 && rename(tmp, path) < 0) {
         r = -1;
-    if (r < 0)
+        err = errno;
+    }
+    if (r < 0) {
         unlink(tmp);
+        errno = err;
+    }
     return r;
+}
+
+static int write_whole(const char *dir, const char *name, const char *data, size_t len)
+{
+    return write_whole2(dir, name, data, len, "", 0);
 }
 
 /* mkdir -p, on a stack copy of path. */
@@ -79,79 +132,246 @@ static int make_dirs(const char *path)
     return mkdir(p, 0700) < 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* dir/name holding head then tail, whole or not at all (as write_whole). */
-static int write_whole2(const char *dir, const char *name, const char *head, size_t head_len,
-                        const char *tail, size_t tail_len)
+/* Removes what a write of a call may leave in dir (its files and their .tmp names), then
+ * dir itself; errno is kept. */
+static void remove_partial(const fi_ring *r, const char *dir)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    if (join3(path, dir, "/", name) < 0 || join3(tmp, path, ".tmp", "") < 0)
+    int err = errno;
+    static const char *const stems[] = {FI_DUMP_INPUTS ".", FI_DUMP_OUTPUTS "."};
+    static const char *const names[] = {FI_DUMP_METADATA_FILE, "inputs.chunks.json",
+                                        "outputs.chunks.json"};
+    char name[64], path[PATH_MAX];
+    for (int i = 0; i < 5; i++) {
+        if (i < 2 ? join3(name, stems[i], r->ext, "") < 0 : join3(name, names[i - 2], "", "") < 0)
+            continue;
+        if (join3(path, dir, "/", name) < 0)
+            continue;
+        unlink(path);
+        if (join3(path, path, ".tmp", "") == 0)
+            unlink(path);
+    }
+    rmdir(dir);
+    errno = err;
+}
+
+/* ------------------------------------------------------- the compact layout's packs */
+
+static char *decimal(char *buf, unsigned long long v, int min_digits);
+static int assemble(char *line, size_t cap, size_t *len, const char *const *parts, size_t n);
+
+/* The name of the pack of write-out k: PREFIX<k>.pack (under ROOT/chunks). */
+static int pack_name(char *dst, size_t cap, const fi_ring *r, uint64_t k)
+{
+    char num[24];
+    const char *d = decimal(num, (unsigned long long)k, 1);
+    if (strlen(r->pack_prefix) + strlen(d) + 6 > cap) {
+        errno = ENAMETOOLONG;
         return -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    }
+    return join3(dst, r->pack_prefix, d, ".pack");
+}
+
+/* Calls the chunks of m, each reference once. */
+#define FOR_CHUNKS(m, c)                                                                           \
+    for (size_t i_ = 0; i_ < (m)->n; i_++)                                                         \
+        for (size_t k_ = 0; k_ < (m)->t[i_].nref && ((c) = (m)->t[i_].ref[k_].chunk); k_++)
+
+/* A slot's manifests that this write-out writes (written before: not again). */
+static int manifest_missing(const fi_ring_slot *s, int i)
+{
+    const fi_ring_manifest *m = i ? &s->files.cout : &s->files.cin;
+    return m->tail.len > 0 && !(s->wrote & (i ? FI_WROTE_OUTPUTS : FI_WROTE_INPUTS));
+}
+
+/* Appends to fd the chunks of s's missing manifests that no write-out packed yet (fired 0),
+ * marking them with k. */
+static int pack_slot(int fd, const fi_ring_slot *s, uint64_t k, long long *packed)
+{
+    for (int i = 0; i < 2; i++) {
+        if (!manifest_missing(s, i))
+            continue;
+        const fi_ring_manifest *m = i ? &s->files.cout : &s->files.cin;
+        fi_chunk *c;
+        FOR_CHUNKS(m, c)
+        {
+            if (c->fired)
+                continue;
+            if (fi_chunk_pack_write(fd, c, c->data) < 0)
+                return -1;
+            c->fired = k;
+            (*packed)++;
+        }
+    }
+    return 0;
+}
+
+/* The compact layout: every chunk the READY calls' manifests to be written need that no
+ * earlier write-out packed, each once, in one pack ROOT/chunks/PREFIX<k>.pack written (and
+ * fsync'd) before any manifest names it. A chunk is marked with the write-out that packed
+ * it (fired), so that a later write-out of the same calls (one that waited for a signal's)
+ * packs only the rest and names both packs. On failure the pack is removed, its chunks
+ * unmarked, and errno set. */
+static int write_pack(fi_ring *r, uint64_t k)
+{
+    char name[128], dir[PATH_MAX], path[PATH_MAX];
+    if (pack_name(name, sizeof name, r, k) < 0 || join3(dir, r->root, "/chunks", "") < 0 ||
+        make_dirs(dir) < 0 || join3(path, dir, "/", name) < 0)
+        return -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
-    int r = write_all_raw(fd, head, head_len) < 0 || write_all_raw(fd, tail, tail_len) < 0 ||
-                    fsync(fd) < 0
-                ? -1
-                : 0;
-    if (close(fd) < 0)
-        r = -1;
-    if (r == 0 && rename(tmp, path) < 0)
-        r = -1;
-    if (r < 0)
-        unlink(tmp);
-    return r;
-}
-
-/* The head of a manifest naming pack (the compact layout, docs/dump-format.md) in buf. */
-static size_t manifest_head(char *buf, size_t cap, const char *pack)
-{
-    const char *parts[] = {"{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [\"",
-                           pack, "\"], "};
-    size_t len = 0;
-    for (size_t i = 0; i < 3; i++) {
-        size_t k = strlen(parts[i]);
-        if (len + k >= cap)
-            return 0;
-        memcpy(buf + len, parts[i], k);
-        len += k;
+    int rc = 0;
+    long long packed = 0;
+    for (long long i = 0; rc == 0 && i < r->n; i++) {
+        const fi_ring_slot *s = &r->slots[i];
+        if (s->generation && atomic_load(&s->state) == FI_SLOT_READY &&
+            pack_slot(fd, s, k, &packed) < 0)
+            rc = -1;
     }
-    return len;
+    if (rc == 0 && fsync(fd) < 0)
+        rc = -1;
+    int err = errno;
+    if (close(fd) < 0 && rc == 0) {
+        rc = -1;
+        err = errno;
+    }
+    if (rc == 0 && packed == 0)
+        unlink(path); /* every chunk is in an earlier pack: no manifest names this one */
+    if (rc == 0)
+        return 0;
+    unlink(path);
+    for (long long i = 0; i < r->n; i++) { /* nothing on disk holds them: unmark */
+        const fi_ring_slot *s = &r->slots[i];
+        for (int j = 0; s->generation && j < 2; j++) {
+            const fi_ring_manifest *m = j ? &s->files.cout : &s->files.cin;
+            fi_chunk *c;
+            FOR_CHUNKS(m, c)
+            {
+                if (c->fired == k)
+                    c->fired = 0;
+            }
+        }
+    }
+    errno = err;
+    return -1;
 }
 
-static int write_slot(const fi_ring *r, const fi_ring_slot *s, int session_fd, const char *pack)
+/* The head of a manifest of m (the compact layout, docs/dump-format.md) in buf: the packs
+ * its chunks were written to, each once. Its length, 0 (errno set) when it does not fit or
+ * a chunk is in no pack. */
+static size_t manifest_head(char *buf, size_t cap, const fi_ring *r, const fi_ring_manifest *m)
+{
+    uint64_t packs[32];
+    size_t np = 0, len = 0;
+    fi_chunk *c;
+    FOR_CHUNKS(m, c)
+    {
+        size_t j = 0;
+        while (j < np && packs[j] != c->fired)
+            j++;
+        if (j < np)
+            continue;
+        if (!c->fired || np == sizeof packs / sizeof packs[0]) {
+            errno = c->fired ? E2BIG : EIO;
+            return 0;
+        }
+        packs[np++] = c->fired;
+    }
+    char name[128];
+    const char *start = "{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [";
+    if (assemble(buf, cap, &len, &start, 1) < 0)
+        goto too_long;
+    for (size_t j = 0; j < np; j++) {
+        if (pack_name(name, sizeof name, r, packs[j]) < 0)
+            return 0;
+        const char *parts[] = {j ? ", \"" : "\"", name, "\""};
+        if (assemble(buf, cap, &len, parts, 3) < 0)
+            goto too_long;
+    }
+    const char *end = "], ";
+    if (assemble(buf, cap, &len, &end, 1) < 0)
+        goto too_long;
+    return len;
+too_long:
+    errno = ENAMETOOLONG;
+    return 0;
+}
+
+/* ------------------------------------------------------------------- one call */
+
+/* Writes what is missing of s's call: a new directory whole under its temporary name, then
+ * renamed; one written before gets the files and records it lacks. Its tensors are tensor
+ * files, or manifests naming the packs that hold their chunks (pack_err: the errno of this
+ * write-out's pack, 0 when it was written). Records go to session_fd too (-1: none).
+ * Returns 1 written, 0 nothing was missing, -1 failed (errno set; nothing of this call is
+ * left under a name readers take). */
+static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pack_err)
 {
     const fi_ring_files *f = &s->files;
-    char name[64];
-    if (make_dirs(s->dir) < 0)
-        return -1;
-    const fi_ring_manifest *manifests[2] = {&f->cin, &f->cout};
-    const char *chunk_names[2] = {"inputs.chunks.json", "outputs.chunks.json"};
-    char head[512];
-    size_t head_len = pack ? manifest_head(head, sizeof head, pack) : 0;
-    for (int i = 0; pack && i < 2; i++) {
-        if (manifests[i]->tail.len == 0)
-            continue;
-        if (head_len == 0 || write_whole2(s->dir, chunk_names[i], head, head_len,
-                                          manifests[i]->tail.data, manifests[i]->tail.len) < 0)
-            return -1;
-    }
     const fi_image *images[2] = {&f->inputs, &f->outputs};
-    const char *stems[2] = {FI_DUMP_INPUTS ".", FI_DUMP_OUTPUTS "."};
+    const fi_ring_manifest *manifests[2] = {&f->cin, &f->cout};
+    static const char *const chunk_names[2] = {"inputs.chunks.json", "outputs.chunks.json"};
+    const unsigned bits[2] = {FI_WROTE_INPUTS, FI_WROTE_OUTPUTS};
+    int fresh = !(s->wrote & FI_WROTE_DIR);
+    unsigned missing = 0;
+    for (int i = 0; i < 2; i++)
+        if ((images[i]->len > 0 || manifests[i]->tail.len > 0) && !(s->wrote & bits[i]))
+            missing |= bits[i];
+    if (!fresh && !missing && s->meta_written == f->meta.len)
+        return 0;
+    char dir[PATH_MAX], name[64];
+    if (fresh) {
+        if (partial_name(dir, r, s->dir) < 0)
+            return -1;
+        remove_partial(r, dir); /* a write-out that died on it (SIGKILL) */
+        if (mkdir(dir, 0700) < 0)
+            return -1;
+    } else if (join3(dir, s->dir, "", "") < 0) {
+        return -1;
+    }
+    char head[4096];
     for (int i = 0; i < 2; i++) {
+        if (!(missing & bits[i]))
+            continue;
+        if (manifests[i]->tail.len > 0) { /* its chunks are in the packs (write_pack) */
+            size_t head_len = 0;
+            if (pack_err) {
+                errno = pack_err;
+                goto fail;
+            }
+            if (!(head_len = manifest_head(head, sizeof head, r, manifests[i])) ||
+                write_whole2(dir, chunk_names[i], head, head_len, manifests[i]->tail.data,
+                             manifests[i]->tail.len) < 0)
+                goto fail;
+        }
         if (images[i]->len == 0)
             continue;
         if (images[i]->crc_deferred &&
-            fi_ptzip_fill_crcs((uint8_t *)images[i]->data, images[i]->len) < 0)
-            return -1;
-        if (join3(name, stems[i], r->ext, "") < 0 ||
-            write_whole(s->dir, name, images[i]->data, images[i]->len) < 0)
-            return -1;
+            fi_ptzip_fill_crcs((uint8_t *)images[i]->data, images[i]->len) < 0) {
+            errno = EINVAL;
+            goto fail;
+        }
+        if (join3(name, i ? FI_DUMP_OUTPUTS "." : FI_DUMP_INPUTS ".", r->ext, "") < 0 ||
+            write_whole(dir, name, images[i]->data, images[i]->len) < 0)
+            goto fail;
     }
     /* metadata.jsonl last: a directory counts as a dump once it has one */
-    if (write_whole(s->dir, FI_DUMP_METADATA_FILE, f->meta.data, f->meta.len) < 0)
-        return -1;
-    return session_fd >= 0 ? write_all_raw(session_fd, f->meta.data, f->meta.len) : 0;
+    if (write_whole(dir, FI_DUMP_METADATA_FILE, f->meta.data, f->meta.len) < 0)
+        goto fail;
+    if (fresh && rename(dir, s->dir) < 0)
+        goto fail;
+    s->wrote |= FI_WROTE_DIR | missing;
+    if (session_fd >= 0)
+        write_all_raw(session_fd, f->meta.data + s->meta_written, f->meta.len - s->meta_written);
+    s->meta_written = f->meta.len;
+    return 1;
+fail:
+    if (fresh)
+        remove_partial(r, dir);
+    return -1;
 }
+
+/* ------------------------------------------------------------ trigger record */
 
 /* Decimal text of v at the end of buf (which holds 24 bytes); returns its start. */
 static char *decimal(char *buf, unsigned long long v, int min_digits)
@@ -166,14 +386,72 @@ static char *decimal(char *buf, unsigned long long v, int min_digits)
     return p;
 }
 
+char *fi_crash_decimal(char buf[24], unsigned long long v) { return decimal(buf, v, 1); }
+
+const char *fi_crash_errno_text(int e)
+{
+    /* strerror is not async-signal-safe: the texts a write-out can meet, as glibc words them */
+    switch (e) {
+    case ENOSPC:
+        return "No space left on device";
+    case EDQUOT:
+        return "Disk quota exceeded";
+    case EFBIG:
+        return "File too large";
+    case EIO:
+        return "Input/output error";
+    case EACCES:
+        return "Permission denied";
+    case EPERM:
+        return "Operation not permitted";
+    case EROFS:
+        return "Read-only file system";
+    case ENOENT:
+        return "No such file or directory";
+    case ENOTDIR:
+        return "Not a directory";
+    case EEXIST:
+        return "File exists";
+    case ENOTEMPTY:
+        return "Directory not empty";
+    case ENAMETOOLONG:
+        return "File name too long";
+    case EMFILE:
+        return "Too many open files";
+    case ENFILE:
+        return "Too many open files in system";
+    case ENOMEM:
+        return "Cannot allocate memory";
+    case EINVAL:
+        return "Invalid argument";
+    default:
+        return "I/O error";
+    }
+}
+
+/* Appends the parts to line (of cap bytes, len used); 0, or -1 when they do not fit. */
+static int assemble(char *line, size_t cap, size_t *len, const char *const *parts, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t k = strlen(parts[i]);
+        if (*len + k >= cap)
+            return -1;
+        memcpy(line + *len, parts[i], k);
+        *len += k;
+    }
+    return 0;
+}
+
 /* {"record_type": "trigger", "trigger": T, ["signal": S,] "time": unix seconds,
- *  "process_id": P, "calls_written": K, <the newest call's keys>} on one line. */
+ *  "process_id": P, "calls_written": K, ["calls_written_before": B,] ["calls_lost": L,
+ *  "error": E,] <the triggering call's keys>} on one line, one write(2). */
 static void write_trigger_line(int fd, const char *trigger, const char *signame,
-                               const fi_ring_slot *newest, long long written)
+                               const fi_ring_slot *call, const fi_ring_result *res)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    char a[24], b[24], c[24], d[24];
+    char a[24], b[24], c[24], d[24], e[24], g[24];
+    const char *keys = call && call->files.trigger_keys.len ? call->files.trigger_keys.data : "";
     const char *parts[] = {
         "{\"record_type\": \"trigger\", \"trigger\": \"",
         trigger,
@@ -186,95 +464,114 @@ static void write_trigger_line(int fd, const char *trigger, const char *signame,
         ", \"process_id\": ",
         decimal(c, (unsigned long long)getpid(), 1),
         ", \"calls_written\": ",
-        decimal(d, (unsigned long long)written, 1),
-        newest && newest->files.trigger_keys.len ? ", " : "",
-        newest && newest->files.trigger_keys.len ? newest->files.trigger_keys.data : "",
+        decimal(d, (unsigned long long)res->written, 1),
+        res->before ? ", \"calls_written_before\": " : "",
+        res->before ? decimal(e, (unsigned long long)res->before, 1) : "",
+        res->lost ? ", \"calls_lost\": " : "",
+        res->lost ? decimal(g, (unsigned long long)res->lost, 1) : "",
+        res->lost ? ", \"error\": \"" : "",
+        res->lost ? fi_crash_errno_text(res->error) : "",
+        res->lost ? "\"" : "",
+        keys[0] ? ", " : "",
+        keys,
         "}\n",
     };
     /* one write(2) per part would interleave with other processes' records: assemble */
     char line[4096];
     size_t len = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        size_t k = strlen(parts[i]);
-        if (len + k >= sizeof line)
-            return;
-        memcpy(line + len, parts[i], k);
-        len += k;
-    }
-    write_all_raw(fd, line, len);
+    if (assemble(line, sizeof line, &len, parts, sizeof parts / sizeof parts[0]) == 0)
+        write_all_raw(fd, line, len);
 }
 
-/* The chunks of a manifest not yet in this write-out's pack, appended to it. */
-static int write_chunks(int fd, const fi_ring_manifest *m, uint64_t fire)
+/* ------------------------------------------------------------------ write-out */
+
+/* The test hook of fi_ring_hold_writeouts: say a write-out is under way, wait for leave. */
+static void hold(const fi_ring *r)
 {
-    for (size_t i = 0; i < m->n; i++) {
-        for (size_t k = 0; k < m->t[i].nref; k++) {
-            fi_chunk *c = m->t[i].ref[k].chunk;
-            if (c->fired == fire)
-                continue;
-            if (fi_chunk_pack_write(fd, c, c->data) < 0)
-                return -1;
-            c->fired = fire;
-        }
+    if (r->hold_fd < 0)
+        return;
+    char c = 'h';
+    while (write(r->hold_note_fd, &c, 1) < 0 && errno == EINTR)
+        ;
+    while (read(r->hold_fd, &c, 1) < 0 && errno == EINTR)
+        ;
+}
+
+/* The slot of generation g when it holds a READY call. */
+static fi_ring_slot *ready_slot(fi_ring *r, long long g)
+{
+    if (g <= 0)
+        return NULL;
+    fi_ring_slot *s = &r->slots[(g - 1) % r->n];
+    if (atomic_load(&s->state) != FI_SLOT_READY || s->generation != g)
+        return NULL;
+    return s;
+}
+
+/* Writes what is missing of s's call and counts the outcome in res; the first call of a
+ * write-out is followed by the test hook's hold. */
+static void write_one(fi_ring *r, fi_ring_slot *s, int session_fd, int pack_err,
+                      fi_ring_result *res, int *first_done)
+{
+    int was_written = s->wrote != 0;
+    int k = write_slot(r, s, session_fd, pack_err);
+    if (k > 0) {
+        res->written++;
+    } else if (k < 0) {
+        if (res->lost++ == 0)
+            res->error = errno;
+    } else if (was_written) {
+        res->before++;
+    }
+    if (!*first_done) {
+        *first_done = 1;
+        hold(r);
+    }
+}
+
+long long fi_crash_newest_of_thread(fi_ring *r, long tid)
+{
+    long long newest = atomic_load(&r->generation);
+    for (long long g = newest; g > 0 && g > newest - r->n; g--) {
+        fi_ring_slot *s = ready_slot(r, g);
+        if (s && s->owner_tid == tid)
+            return g;
     }
     return 0;
 }
 
-/* The compact layout: every chunk of the READY slots, each once, in one pack
- * ROOT/chunks/PREFIX<fire>.pack, written before any manifest naming it; its name in name. */
-static int write_pack(fi_ring *r, uint64_t fire, char *name, size_t cap)
+int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, long long first,
+                        fi_ring_result *res)
 {
-    char dir[PATH_MAX], path[PATH_MAX], num[24];
-    const char *k = decimal(num, (unsigned long long)fire, 1);
-    if (strlen(r->pack_prefix) + strlen(k) + 6 >= cap)
-        return -1;
-    join3(name, r->pack_prefix, k, ".pack");
-    if (join3(dir, r->root, "/chunks", "") < 0 || make_dirs(dir) < 0 ||
-        join3(path, dir, "/", name) < 0)
-        return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -1;
-    int rc = 0;
-    for (long long i = 0; rc == 0 && i < r->count; i++) {
-        const fi_ring_slot *s = &r->slots[(r->head + i) % r->n];
-        if (atomic_load(&s->state) != FI_SLOT_READY)
-            continue;
-        if (write_chunks(fd, &s->files.cin, fire) < 0 || write_chunks(fd, &s->files.cout, fire) < 0)
-            rc = -1;
-    }
-    if (fsync(fd) < 0)
-        rc = -1;
-    if (close(fd) < 0)
-        rc = -1;
-    return rc;
-}
-
-int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame)
-{
+    res->written = res->before = res->lost = 0;
+    res->error = 0;
     char session[PATH_MAX];
     if (make_dirs(r->root) < 0 || join3(session, r->root, "/", FI_DUMP_SESSION_FILE) < 0)
         return -1;
     int fd = open(session, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    atomic_store(&r->flushing, 1);
-    long long written = 0;
-    const fi_ring_slot *newest = NULL;
-    char pack[128];
-    /* the fired count is this write-out's number (it was counted before the write) */
-    int have_pack =
-        r->store && write_pack(r, (uint64_t)atomic_load(&r->fired), pack, sizeof pack) == 0;
-    for (long long k = 0; k < r->count; k++) {
-        const fi_ring_slot *s = &r->slots[(r->head + k) % r->n];
-        if (atomic_load(&s->state) != FI_SLOT_READY)
+    /* the compact layout: the chunks first, in this write-out's pack; a call whose manifests
+     * cannot name them is lost with the pack's errno */
+    int pack_err = 0;
+    if (r->store && write_pack(r, ++r->packs_written) < 0)
+        pack_err = errno ? errno : EIO;
+    /* the triggering call first, then the calls before it, newest first: when the disk
+     * fills up, what is lost is the oldest */
+    int first_done = 0;
+    long long newest = atomic_load(&r->generation);
+    fi_ring_slot *call = ready_slot(r, first);
+    if (call)
+        write_one(r, call, fd, pack_err, res, &first_done);
+    for (long long g = newest; g > 0 && g > newest - r->n; g--) {
+        fi_ring_slot *s = g == first ? NULL : ready_slot(r, g);
+        if (!s)
             continue;
-        if ((!r->store || have_pack) && write_slot(r, s, fd, r->store ? pack : NULL) == 0)
-            written++;
-        newest = s;
+        if (!call)
+            call = s; /* no triggering call: the trigger record names the newest */
+        write_one(r, s, fd, pack_err, res, &first_done);
     }
     if (fd >= 0) {
-        write_trigger_line(fd, trigger, signame, newest, written);
+        write_trigger_line(fd, trigger, signame, call, res);
         close(fd);
     }
-    atomic_store(&r->flushing, 0);
-    return (int)written;
+    return 0;
 }

@@ -13,6 +13,7 @@
 #include "compact.h"
 #include "dump_encode.h"
 #include "dump_format.h"
+#include "fork_watch.h"
 #include "graph_capture.h"
 #include "record_mode.h"
 #include "sink.h"
@@ -48,7 +49,25 @@ int fi_recorder_init(fi_recorder *rec, const fi_config *cfg, PyObject *owner,
     rec->call_counters = PyDict_New();
     rec->static_meta = PyDict_New();
     rec->graph_pending = PyList_New(0);
-    return rec->call_counters && rec->static_meta && rec->graph_pending ? 0 : -1;
+    if (!rec->call_counters || !rec->static_meta || !rec->graph_pending)
+        return -1;
+    if (fi_fork_watch() < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    rec->fork_epoch = fi_fork_epoch();
+    return 0;
+}
+
+/* In a child forked since the last recorded call, the ring is the parent's: the mode makes
+ * it the child's own, empty. */
+static void check_fork(fi_recorder *rec)
+{
+    unsigned long now = fi_fork_epoch();
+    if (rec->fork_epoch == now)
+        return;
+    rec->fork_epoch = now;
+    rec->mode->forked(rec);
 }
 
 int fi_recorder_traverse(fi_recorder *rec, visitproc visit, void *arg)
@@ -85,7 +104,19 @@ void fi_recorder_free(fi_recorder *rec)
 
 int fi_recorder_fire(fi_recorder *rec, const char *trigger)
 {
+    check_fork(rec);
     return rec->mode->fire(rec, trigger);
+}
+
+int fi_recorder_hold_writeouts(fi_recorder *rec, int hold_fd, int note_fd)
+{
+    if (!rec->mode->hold_writeouts) {
+        PyErr_SetString(PyExc_RuntimeError, "write-outs are held in the in-memory ring only "
+                                            "(FLASHINFER_DUMP_RING with FLASHINFER_DUMP_ON)");
+        return -1;
+    }
+    check_fork(rec);
+    return rec->mode->hold_writeouts(rec, hold_fd, note_fd);
 }
 
 size_t fi_recorder_ring_bytes(const fi_recorder *rec) { return rec->mode->ring_bytes(rec); }
@@ -194,22 +225,21 @@ static void call_free(fi_dump_call *call)
 }
 
 /* The inputs: encoded, checked against the caps, placed, written; then line 1. 0: the call
- * is recorded; 1: it is not (capped, or the mode keeps no captured calls); -1: error. */
+ * is recorded; 1: it is not (capped, a write-out runs, or the mode keeps no captured calls);
+ * -1: error. */
 static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_tensors *ts,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     fi_recorder *rec = call->rec;
     const fi_record_mode *mode = rec->mode;
     PyObject *input_meta = PyDict_New();
-    int r = -1;
+    int r = -1, placed = 0;
     if (!input_meta || fi_dump_encode_inputs(ts, input_meta, args, nargs, kwnames) < 0)
         goto done;
-    r = mode->admits(call, ts->bytes);
-    if (r <= 0) {
+    if ((r = mode->admits(call, ts->bytes)) <= 0) {
         r = r < 0 ? -1 : 1;
         goto done;
     }
-    r = -1;
     char stamp[32];
     timestamp_now(stamp, sizeof stamp);
     /* while a CUDA graph is captured no device-to-host copy may run: hold the
@@ -220,13 +250,15 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
         goto done;
     }
     long long call_seq = 0;
-    if (mode->place(call, stamp, ts->bytes, &call_seq) < 0)
+    if ((r = mode->place(call, stamp, ts->bytes, &call_seq)) != 0)
         goto done;
+    placed = 1;
+    r = -1;
+    if (mode->inspect)
+        mode->inspect(call, ts, 1);
     Py_ssize_t written = capturing ? 0 : mode->save(call, FI_DUMP_INPUTS, ts);
-    if (written < 0) {
-        mode->abandon(call);
+    if (written < 0)
         goto done;
-    }
     rec->sequence++;
     rec->dump_count++;
     rec->dump_bytes += written;
@@ -239,6 +271,8 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
     mode->inputs_done(call, ts->bytes, capturing);
     r = 0;
 done:
+    if (r < 0 && placed)
+        mode->abandon(call);
     Py_XDECREF(input_meta);
     return r;
 }
@@ -257,7 +291,9 @@ fi_dump_call *fi_dump_begin(fi_recorder *rec, fi_call *ctx, const fi_dump_api *a
     int r = -1;
     if (!call || fi_dump_tensors_init(&ts) < 0)
         goto done;
+    check_fork(rec);
     call->rec = rec;
+    call->fork_epoch = rec->fork_epoch;
     call->owner = Py_NewRef(rec->owner);
     call->ctx = ctx;
     call->name = PyUnicode_FromString(api->api_name);
@@ -307,6 +343,8 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
         out_bytes = ts.bytes;
         status = "graph_capture_pending_flush";
     } else if (PyList_GET_SIZE(ts.keys) > 0) {
+        if (rec->mode->inspect)
+            rec->mode->inspect(call, &ts, 0);
         if ((refused = rec->mode->outputs_refused(call, ts.bytes))) {
             if (fi_dump_dict_set(rec_dict, "outputs_skipped", PyUnicode_FromString(refused)) < 0)
                 goto done;
@@ -365,6 +403,10 @@ static int finish_exception(fi_dump_call *call, PyObject *ev)
 void fi_dump_end(fi_dump_call *call, PyObject *result)
 {
     const fi_record_mode *mode = call->rec->mode;
+    if (call->fork_epoch != fi_fork_epoch()) {
+        call_free(call); /* began in the parent: its directory and slot are the parent's */
+        return;
+    }
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     if (mode->reopen)

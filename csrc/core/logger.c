@@ -300,6 +300,21 @@ static PyObject *logger_ring_banner(fi_logger *lg, PyObject *unused)
     return fi_recorder_banner(&lg->rec);
 }
 
+PyDoc_STRVAR(hold_ring_writeouts_doc,
+             "_hold_ring_writeouts(hold_fd, note_fd)\n--\n\nTests: every write-out of the "
+             "in-memory ring, after its first call, writes b'h' to note_fd and waits for a byte "
+             "on hold_fd; a trigger that waits for a write-out writes b'w'. -1, -1: off.");
+
+static PyObject *logger_hold_ring_writeouts(fi_logger *lg, PyObject *args)
+{
+    int hold_fd, note_fd;
+    if (!PyArg_ParseTuple(args, "ii:_hold_ring_writeouts", &hold_fd, &note_fd))
+        return NULL;
+    if (fi_recorder_hold_writeouts(&lg->rec, hold_fd, note_fd) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* The optional `graph` argument of the graph methods (borrowed; NULL when absent). */
 static int graph_arg(PyObject *const *args, Py_ssize_t nargs, const char *method, PyObject **graph)
 {
@@ -360,6 +375,8 @@ static PyMethodDef logger_methods[] = {
     {"dump_ring", (PyCFunction)logger_dump_ring, METH_VARARGS, dump_ring_doc},
     {"write_skipped", (PyCFunction)logger_write_skipped, METH_NOARGS, write_skipped_doc},
     {"ring_bytes", (PyCFunction)logger_ring_bytes, METH_NOARGS, ring_bytes_doc},
+    {"_hold_ring_writeouts", (PyCFunction)logger_hold_ring_writeouts, METH_VARARGS,
+     hold_ring_writeouts_doc},
     {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush_graph_dumps, METH_FASTCALL,
      flush_graph_dumps_doc},
     {"pending_graph_dumps", (PyCFunction)(void (*)(void))logger_pending_graph_dumps, METH_FASTCALL,

@@ -256,6 +256,7 @@ const fi_record_mode fi_record_call_dirs = {
     .done = dirs_done,
     .abandon = dirs_abandon,
     .checks_outputs = no_output_checks,
+    .forked = no_ring,
     .free_ring = no_ring,
     .fire = no_fire,
     .ring_bytes = no_bytes,
@@ -289,15 +290,34 @@ static const char *disk_outputs_refused(fi_dump_call *call, long long bytes)
     return NULL;
 }
 
+/* The call's directory is pinned in the ring while the call writes it: other threads' calls
+ * evict only directories whose calls are done. */
 static int disk_place(fi_dump_call *call, const char *stamp, long long bytes, long long *call_seq)
 {
     if (dirs_place(call, stamp, bytes, call_seq) < 0)
         return -1;
-    if (fi_disk_ring_push(call->rec->ring, call->dir) < 0) {
+    if (!(call->place = fi_disk_ring_push(call->rec->ring, call->dir))) {
+        rmdir(call->dir);
         PyErr_NoMemory();
         return -1;
     }
     return 0;
+}
+
+static void disk_done(fi_dump_call *call, PyObject *result, int ok)
+{
+    dirs_done(call, result, ok);
+    fi_disk_ring_unpin(call->rec->ring, call->place);
+}
+
+static void disk_abandon(fi_dump_call *call) { fi_disk_ring_drop(call->rec->ring, call->place); }
+
+/* A forked child keeps its own directories (their names carry its pid): the parent's are
+ * forgotten, never deleted. */
+static void disk_forked(fi_recorder *rec)
+{
+    if (rec->ring)
+        fi_disk_ring_forget(rec->ring);
 }
 
 static void disk_free_ring(fi_recorder *rec) { fi_disk_ring_free(rec->ring); }
@@ -325,9 +345,10 @@ const fi_record_mode fi_record_disk_ring = {
     .inputs_done = dirs_inputs_done,
     .outputs_refused = disk_outputs_refused,
     .reopen = NULL,
-    .done = dirs_done,
-    .abandon = dirs_abandon,
+    .done = disk_done,
+    .abandon = disk_abandon,
     .checks_outputs = no_output_checks,
+    .forked = disk_forked,
     .free_ring = disk_free_ring,
     .fire = no_fire,
     .ring_bytes = no_bytes,

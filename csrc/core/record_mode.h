@@ -27,8 +27,10 @@ struct fi_dump_call {
      * points at own then, else NULL: the slot holds them, or it is gone) */
     fi_ring_ticket ticket;
     fi_ring_files own, *files;
-    const char *trigger; /* a trigger the call fired (nan_input at once, the rest at the end) */
-    int tensors_skipped; /* larger than the ring's budget: records only */
+    const char *trigger;         /* a trigger the call fired, fired when it ends */
+    const char *tensors_skipped; /* why the ring keeps the call's records only, or NULL */
+    void *place;                 /* the disk ring's entry of the call's directory */
+    unsigned long fork_epoch;    /* fi_fork_epoch() when the call began */
 };
 
 /* How a mode keeps calls. Every operation gets the call; a failing one returns -1 with an
@@ -42,8 +44,12 @@ struct fi_record_mode {
     /* The caps on a call whose inputs hold bytes tensor bytes: 1 go, 0 skip (the log says
      * why), -1 error. */
     int (*admits)(fi_dump_call *call, long long bytes);
+    /* Looks at the call's inputs or outputs before they are written (the in-memory ring's
+     * nan/inf triggers); NULL: nothing to look at. */
+    void (*inspect)(fi_dump_call *call, const fi_dump_tensors *ts, int inputs);
     /* Names the call's directory (call->dir, with its per-API number in *call_seq) and makes
-     * its place there: the directory, a ring slot. -1 error. */
+     * its place there: the directory, a ring slot. 0, 1 when the call is not recorded after
+     * all (a write-out runs), -1 error. */
     int (*place)(fi_dump_call *call, const char *stamp, long long bytes, long long *call_seq);
     /* Writes the tensor file stem ("inputs" or "outputs"); the tensor bytes written. */
     Py_ssize_t (*save)(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts);
@@ -57,16 +63,21 @@ struct fi_record_mode {
     void (*reopen)(fi_dump_call *call);
     /* Line 2 is written (ok: without error); result is NULL when the call raised. */
     void (*done)(fi_dump_call *call, PyObject *result, int ok);
-    /* Gives back the place of a call whose inputs could not be written. */
+    /* Gives back the place of a call whose line 1 could not be written. */
     void (*abandon)(fi_dump_call *call);
     /* fi_dump_checks_outputs for this mode. */
     int (*checks_outputs)(const fi_dump_call *call);
+    /* The process forked since the ring was made: the child's ring starts empty, without
+     * touching the parent's directories or calls. */
+    void (*forked)(fi_recorder *rec);
     /* The recorder goes: frees the mode's ring. */
     void (*free_ring)(fi_recorder *rec);
     /* fi_recorder_fire, fi_recorder_ring_bytes and fi_recorder_banner for this mode. */
     int (*fire)(fi_recorder *rec, const char *trigger);
     size_t (*ring_bytes)(const fi_recorder *rec);
     PyObject *(*banner)(const fi_recorder *rec);
+    /* fi_recorder_hold_writeouts (the in-memory ring only; NULL elsewhere). */
+    int (*hold_writeouts)(fi_recorder *rec, int hold_fd, int note_fd);
 };
 
 extern const fi_record_mode fi_record_call_dirs;   /* level 10 alone: every call (record_dirs.c) */

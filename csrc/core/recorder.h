@@ -40,6 +40,8 @@ typedef struct {
     long long skipped_noted[2]; /* the counts session.jsonl has last been told */
     int cap_logged[2];          /* the cap's one log line was written */
     int skipped_at_exit;        /* atexit writes the final counts (write_skipped) */
+    int memory_warned;          /* the "out of memory recording a call" warning was given */
+    unsigned long fork_epoch;   /* fi_fork_epoch() when its ring was last the process's own */
 } fi_recorder;
 
 /* A recorder for cfg (which must outlive it), logging through emit(owner, ...). -1 with an
@@ -81,6 +83,9 @@ int fi_recorder_fire(fi_recorder *rec, const char *trigger);
 /* Appends a "skipped" record to session.jsonl for each cap whose count of calls kept out
  * grew since the last one (docs/dump-format.md#skip-records); 0, or -1 with an exception. */
 int fi_recorder_write_skipped(fi_recorder *rec);
+/* Test hook: every write-out of the in-memory ring, after its first call, writes a byte to
+ * note_fd and waits for one on hold_fd (-1: off). -1 with RuntimeError without that ring. */
+int fi_recorder_hold_writeouts(fi_recorder *rec, int hold_fd, int note_fd);
 
 /* Bytes the in-memory ring holds. */
 size_t fi_recorder_ring_bytes(const fi_recorder *rec);

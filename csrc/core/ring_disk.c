@@ -1,5 +1,5 @@
-/* ring_disk.c: the disk ring, a FIFO of call directories: the newest N stay, the oldest
- * is deleted when a new one comes. */
+/* ring_disk.c: the disk ring, the call directories of this process in call order: the newest
+ * N stay, older ones are deleted once their calls are done writing them. */
 #include "ring_disk.h"
 
 #include <dirent.h>
@@ -10,38 +10,47 @@
 #include <unistd.h>
 
 #include "dump_format.h"
+struct fi_disk_entry {
+    fi_disk_entry *prev, *next;
+    int pinned; /* its call is writing it */
+    char dir[];
+};
 
 struct fi_disk_ring {
-    long long n;
-    char **dirs;           /* ring buffer of the calls' directories */
-    long long head, count; /* index of the oldest; directories held */
+    long long n, count;
+    fi_disk_entry *oldest, *newest;
 };
 
 fi_disk_ring *fi_disk_ring_new(long long n)
 {
     fi_disk_ring *r = calloc(1, sizeof(*r));
-    if (!r)
-        return NULL;
-    r->n = n;
-    r->dirs = calloc((size_t)n, sizeof(char *));
-    if (!r->dirs) {
-        free(r);
-        return NULL;
-    }
+    if (r)
+        r->n = n;
     return r;
+}
+
+void fi_disk_ring_forget(fi_disk_ring *r)
+{
+    while (r->oldest) {
+        fi_disk_entry *e = r->oldest;
+        r->oldest = e->next;
+        free(e);
+    }
+    r->newest = NULL;
+    r->count = 0;
 }
 
 void fi_disk_ring_free(fi_disk_ring *r)
 {
     if (!r)
         return;
-    for (long long i = 0; i < r->n; i++)
-        free(r->dirs[i]);
-    free(r->dirs);
+    fi_disk_ring_forget(r);
     free(r);
 }
 
-/* Removes path and everything under it; errors are ignored (best effort). */
+long long fi_disk_ring_count(const fi_disk_ring *r) { return r->count; }
+
+/* Removes path and everything under it (best effort). */
 static void remove_tree(const char *path)
 {
     DIR *d = opendir(path);
@@ -65,8 +74,9 @@ static void remove_tree(const char *path)
 }
 
 /* Deletes a call directory: metadata.jsonl first, so that readers (which take a directory
- * with metadata.jsonl for a dump) never see a dump losing its files. */
-static void delete_call_dir(const char *dir)
+ * with metadata.jsonl for a dump) never see a dump losing its files. 0 once it is gone, -1
+ * when it is still on disk. */
+static int delete_call_dir(const char *dir)
 {
     size_t n = strlen(dir) + 32;
     char *meta = malloc(n);
@@ -76,21 +86,54 @@ static void delete_call_dir(const char *dir)
         free(meta);
     }
     remove_tree(dir);
+    return access(dir, F_OK) < 0 && errno == ENOENT ? 0 : -1;
 }
 
-int fi_disk_ring_push(fi_disk_ring *r, const char *dir)
+static void unlink_entry(fi_disk_ring *r, fi_disk_entry *e)
 {
-    char *copy = strdup(dir);
-    if (!copy)
-        return -1;
-    if (r->count == r->n) {
-        char *oldest = r->dirs[r->head];
-        r->head = (r->head + 1) % r->n;
-        r->count--;
-        delete_call_dir(oldest);
-        free(oldest);
+    *(e->prev ? &e->prev->next : &r->oldest) = e->next;
+    *(e->next ? &e->next->prev : &r->newest) = e->prev;
+    r->count--;
+    free(e);
+}
+
+/* Deletes the oldest unpinned directories while more than n are held. */
+static void evict(fi_disk_ring *r)
+{
+    fi_disk_entry *e = r->oldest;
+    while (e && r->count > r->n) {
+        fi_disk_entry *next = e->next;
+        if (!e->pinned && delete_call_dir(e->dir) == 0)
+            unlink_entry(r, e);
+        e = next;
     }
-    r->dirs[(r->head + r->count) % r->n] = copy;
+}
+
+fi_disk_entry *fi_disk_ring_push(fi_disk_ring *r, const char *dir)
+{
+    size_t len = strlen(dir);
+    fi_disk_entry *e = malloc(sizeof(*e) + len + 1);
+    if (!e)
+        return NULL;
+    memcpy(e->dir, dir, len + 1);
+    e->pinned = 1;
+    e->next = NULL;
+    e->prev = r->newest;
+    *(r->newest ? &r->newest->next : &r->oldest) = e;
+    r->newest = e;
     r->count++;
-    return 0;
+    evict(r);
+    return e;
+}
+
+void fi_disk_ring_unpin(fi_disk_ring *r, fi_disk_entry *e)
+{
+    e->pinned = 0;
+    evict(r);
+}
+
+void fi_disk_ring_drop(fi_disk_ring *r, fi_disk_entry *e)
+{
+    delete_call_dir(e->dir);
+    unlink_entry(r, e);
 }

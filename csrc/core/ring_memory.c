@@ -1,8 +1,9 @@
 /* ring_memory.c: the in-memory ring's slots, each holding one call's complete files: claimed
- * by a new call, published when its records are written, evicted oldest first. */
+ * by a new call, published when its records are written, evicted oldest first; and the
+ * trigger that writes them out (crash_writer.c) and starts the ring again. */
 #include "ring_memory.h"
 
-#include <sched.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +12,20 @@
 #include <unistd.h>
 
 #include "crash_writer.h"
+#include "fork_watch.h"
 #include "ring_signals.h"
 
-fi_ring *fi_ring_new(long long n, const char *root, double budget_gb, long long max_triggers,
+/* The names of this process's packs: "ring-PID-NS-" (unique per process and ring). */
+static void set_pack_prefix(fi_ring *r)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(r->pack_prefix, sizeof r->pack_prefix, "ring-%ld-%lld%09ld-", (long)getpid(),
+             (long long)now.tv_sec, (long)now.tv_nsec);
+    r->packs_written = 0;
+}
+
+fi_ring *fi_ring_new(long long n, const char *root, size_t budget, long long max_triggers,
                      const char *ext, int compact)
 {
     fi_ring *r = calloc(1, sizeof(*r));
@@ -23,22 +35,30 @@ fi_ring *fi_ring_new(long long n, const char *root, double budget_gb, long long 
     r->root = strdup(root);
     r->ext = strdup(ext);
     r->slots = calloc((size_t)n, sizeof(fi_ring_slot));
-    double budget = budget_gb * 1024.0 * 1024.0 * 1024.0;
-    r->budget = budget >= (double)SIZE_MAX ? SIZE_MAX : (size_t)budget;
+    r->budget = budget;
     r->max_triggers = max_triggers;
+    r->hold_fd = r->hold_note_fd = -1;
+    r->fork_epoch = fi_fork_epoch();
     if (compact)
         r->store = fi_chunk_store_new(1);
     if (!r->root || !r->ext || !r->slots || (compact && !r->store)) {
         fi_ring_free(r);
         return NULL;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    snprintf(r->pack_prefix, sizeof r->pack_prefix, "ring-%ld-%lld%09ld-", (long)getpid(),
-             (long long)now.tv_sec, (long)now.tv_nsec);
+    set_pack_prefix(r);
     for (long long i = 0; i < n; i++) /* slots never move: their inline buffers stay put */
         fi_ring_files_init(&r->slots[i].files);
     return r;
+}
+
+void fi_ring_files_init(fi_ring_files *f)
+{
+    f->inputs = f->outputs = (fi_image){0};
+    f->cin = f->cout = (fi_ring_manifest){0};
+    fi_buf_init(&f->cin.tail);
+    fi_buf_init(&f->cout.tail);
+    fi_buf_init(&f->meta);
+    fi_buf_init(&f->trigger_keys);
 }
 
 void fi_ring_manifest_clear(fi_ring_manifest *m)
@@ -70,56 +90,6 @@ static size_t files_bytes(const fi_ring_files *f)
 static size_t held(const fi_ring *r)
 {
     return r->used + (r->store ? fi_chunk_store_bytes(r->store) : 0);
-}
-
-/* Marks s BUSY, then waits out a writer on another thread that may be reading it. */
-static void slot_take(fi_ring *r, fi_ring_slot *s)
-{
-    atomic_store(&s->state, FI_SLOT_BUSY);
-    while (atomic_load(&r->flushing))
-        sched_yield();
-}
-
-/* Drops the oldest call; keep_buffers leaves its buffers for reuse by the next call. */
-static void evict_oldest(fi_ring *r, int keep_buffers)
-{
-    fi_ring_slot *s = &r->slots[r->head];
-    slot_take(r, s);
-    free(s->dir);
-    s->dir = NULL;
-    if (!keep_buffers) {
-        fi_ring_files_free(&s->files);
-        r->used -= s->bytes;
-        s->bytes = 0;
-    }
-    s->generation = 0;
-    atomic_store(&s->state, FI_SLOT_EMPTY);
-    r->head = (r->head + 1) % r->n;
-    r->count--;
-}
-
-/* Empties the ring and frees its buffers (after a trigger, in normal context). */
-static void reset(fi_ring *r)
-{
-    while (r->count > 0)
-        evict_oldest(r, 0);
-    for (long long i = 0; i < r->n; i++) {
-        r->used -= r->slots[i].bytes;
-        r->slots[i].bytes = 0;
-        fi_ring_files_free(&r->slots[i].files);
-    }
-    atomic_store(&r->restart_pending, 0);
-}
-
-int fi_ring_recording(fi_ring *r)
-{
-    if (atomic_load(&r->restart_pending))
-        reset(r);
-    if (atomic_load(&r->fired) < r->max_triggers)
-        return 1;
-    if (r->count > 0 || r->used > 0)
-        reset(r); /* done for good: give the memory back */
-    return 0;
 }
 
 /* Moves src's contents to dst (whose own buffers are already released); src is left empty.
@@ -158,32 +128,106 @@ static void files_move(fi_ring_files *dst, fi_ring_files *src)
     buf_move(&dst->trigger_keys, &src->trigger_keys);
 }
 
-void fi_ring_files_init(fi_ring_files *f)
+/* ------------------------------------------------------------- the slots */
+
+/* Makes s BUSY for a call to change it, unless a write-out runs: a write-out pins every
+ * slot, so that nothing it reads is changed or freed meanwhile. Both sides set their own
+ * flag before they read the other's (sequentially consistent atomics), so one of them
+ * always sees the other: the write-out skips a BUSY slot, the call leaves a slot alone
+ * while a write-out runs. 0, or -1 (s unchanged) when a write-out runs. */
+static int slot_take(fi_ring *r, fi_ring_slot *s)
 {
-    f->inputs = f->outputs = (fi_image){0};
-    f->cin = f->cout = (fi_ring_manifest){0};
-    fi_buf_init(&f->cin.tail);
-    fi_buf_init(&f->cout.tail);
-    fi_buf_init(&f->meta);
-    fi_buf_init(&f->trigger_keys);
+    if (atomic_load(&r->writer))
+        return -1;
+    int before = atomic_exchange(&s->state, FI_SLOT_BUSY);
+    if (atomic_load(&r->writer)) {
+        atomic_store(&s->state, before);
+        return -1;
+    }
+    return 0;
+}
+
+/* Drops the oldest call, taken BUSY or with the ring held for a write-out; keep_buffers
+ * leaves its buffers for reuse by the next call. */
+static void drop_oldest(fi_ring *r, int keep_buffers)
+{
+    fi_ring_slot *s = &r->slots[r->head];
+    free(s->dir);
+    s->dir = NULL;
+    if (!keep_buffers) {
+        fi_ring_files_free(&s->files);
+        r->used -= s->bytes;
+        s->bytes = 0;
+    }
+    s->generation = 0;
+    s->wrote = 0;
+    s->meta_written = 0;
+    atomic_store(&s->state, FI_SLOT_EMPTY);
+    r->head = (r->head + 1) % r->n;
+    r->count--;
+}
+
+/* Evicts the oldest call from a call's path: -1 while a write-out runs. */
+static int evict_oldest(fi_ring *r, int keep_buffers)
+{
+    if (slot_take(r, &r->slots[r->head]) < 0)
+        return -1;
+    drop_oldest(r, keep_buffers);
+    return 0;
+}
+
+/* Empties the ring and frees its buffers; the caller holds it for a write-out. */
+static void reset(fi_ring *r)
+{
+    while (r->count > 0)
+        drop_oldest(r, 0);
+    for (long long i = 0; i < r->n; i++) {
+        r->used -= r->slots[i].bytes;
+        r->slots[i].bytes = 0;
+        fi_ring_files_free(&r->slots[i].files);
+    }
+    atomic_store(&r->restart_pending, 0);
+}
+
+int fi_ring_recording(fi_ring *r)
+{
+    if (atomic_load(&r->writer))
+        return 0; /* the ring restarts after the write-out: a call now would not be kept */
+    if (atomic_load(&r->restart_pending) || atomic_load(&r->fired) >= r->max_triggers) {
+        /* a signal handler wrote the ring, or the last trigger fired (then the memory goes
+         * back for good): reset it, holding it so that no handler reads it meanwhile */
+        if (fi_ring_writer_try(r) != 1)
+            return 0;
+        if (atomic_load(&r->restart_pending) || r->count > 0 || r->used > 0)
+            reset(r);
+        fi_ring_writer_release(r);
+    }
+    return atomic_load(&r->fired) < r->max_triggers;
 }
 
 int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, fi_ring_files *out)
 {
-    char *copy = strdup(dir);
-    if (!copy)
-        return -1;
-    if (r->count == r->n)
-        evict_oldest(r, 1);
+    /* found before anything is evicted; a compact call's bytes span more than the chunks it
+     * adds (equal chunks are stored once), known only once they are taken: it makes room at
+     * fi_ring_done, and its outputs are measured by fi_ring_call_fits */
+    int too_big = bytes > r->budget;
+    size_t need = r->store ? 0 : bytes;
+    if (r->count == r->n && evict_oldest(r, 1) < 0)
+        return FI_CLAIM_BUSY;
     long long index = (r->head + r->count) % r->n; /* unchanged by evictions */
     fi_ring_slot *s = &r->slots[index];
-    /* a reused slot's buffers stay (and stay counted) until the call's files replace them;
-     * a compact call's new bytes are known only once its chunks are taken (fi_ring_done) */
-    size_t retained = s->bytes, need = r->store ? 0 : bytes;
-    while (r->count > 0 && held(r) - retained + need > r->budget)
-        evict_oldest(r, 0);
-    int too_big = (r->store ? 0 : held(r) - retained) + bytes > r->budget;
-    slot_take(r, s);
+    /* a reused slot's buffers stay (and stay counted) until the call's files replace them */
+    size_t retained = s->bytes;
+    while (!too_big && r->count > 0 && held(r) - retained + need > r->budget)
+        if (evict_oldest(r, 0) < 0)
+            return FI_CLAIM_BUSY;
+    char *copy = strdup(dir);
+    if (!copy)
+        return FI_CLAIM_NO_MEMORY;
+    if (slot_take(r, s) < 0) {
+        free(copy);
+        return FI_CLAIM_BUSY;
+    }
     fi_ring_files_free(out);
     files_move(out, &s->files); /* the call writes its own copy: see fi_ring_open */
     if (too_big) {
@@ -202,20 +246,24 @@ int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, 
     }
     fi_buf_reset(&out->meta);
     fi_buf_reset(&out->trigger_keys);
+    free(s->dir);
     s->dir = copy;
-    s->generation = ++r->generation;
+    s->owner_tid = fi_crash_tid();
+    s->wrote = 0;
+    s->meta_written = 0;
+    s->generation = atomic_load(&r->generation) + 1;
+    atomic_store(&r->generation, s->generation);
     r->count++;
     t->index = index;
     t->generation = s->generation;
-    return too_big;
+    return too_big ? FI_CLAIM_TOO_BIG : FI_CLAIM_OK;
 }
 
 int fi_ring_open(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *out)
 {
     fi_ring_slot *s = &r->slots[t->index];
-    if (s->generation != t->generation || !s->dir)
+    if (s->generation != t->generation || !s->dir || slot_take(r, s) < 0)
         return -1;
-    slot_take(r, s);
     fi_ring_files_free(out);
     files_move(out, &s->files);
     return 0;
@@ -224,10 +272,11 @@ int fi_ring_open(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *out)
 void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files)
 {
     fi_ring_slot *s = &r->slots[t->index];
-    if (s->generation != t->generation) { /* evicted, or the ring fired, meanwhile */
+    if (s->generation != t->generation) { /* evicted, or the ring restarted, meanwhile */
         fi_ring_files_free(files);
         return;
     }
+    /* the slot is BUSY, the call's own since fi_ring_claim or fi_ring_open */
     fi_ring_files_free(&s->files);
     files_move(&s->files, files);
     size_t now = files_bytes(&s->files);
@@ -236,10 +285,72 @@ void fi_ring_done(fi_ring *r, const fi_ring_ticket *t, fi_ring_files *files)
     atomic_store(&s->state, FI_SLOT_READY);
     /* the call's outputs may have pushed the ring over its budget: older calls go */
     while (r->count > 1 && held(r) > r->budget && r->head != t->index)
-        evict_oldest(r, 0);
+        if (evict_oldest(r, 0) < 0)
+            break;
+}
+
+void fi_ring_evict_others(fi_ring *r, const fi_ring_ticket *t)
+{
+    long long keep = t ? t->index : -1;
+    while (r->count > 0 && r->head != keep)
+        if (evict_oldest(r, 0) < 0)
+            return;
+    for (long long i = 0; i < r->n; i++) { /* buffers kept for reuse by emptied slots */
+        fi_ring_slot *s = &r->slots[i];
+        if (i == keep || s->generation || !s->bytes || slot_take(r, s) < 0)
+            continue;
+        fi_ring_files_free(&s->files);
+        r->used -= s->bytes;
+        s->bytes = 0;
+        atomic_store(&s->state, FI_SLOT_EMPTY);
+    }
+}
+
+/* The bytes of the distinct chunks m references, each chunk counted at its first reference
+ * (marked with mark, a number no earlier count used). */
+static size_t manifest_chunk_bytes(const fi_ring_manifest *m, uint64_t mark)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < m->n; i++)
+        for (size_t k = 0; k < m->t[i].nref; k++) {
+            fi_chunk *c = m->t[i].ref[k].chunk;
+            if (c->counted != mark) {
+                c->counted = mark;
+                bytes += c->len;
+            }
+        }
+    return bytes;
+}
+
+int fi_ring_call_fits(fi_ring *r, const fi_ring_files *own, size_t more)
+{
+    uint64_t mark = ++r->count_mark;
+    size_t bytes = files_bytes(own) + manifest_chunk_bytes(&own->cin, mark) +
+                   manifest_chunk_bytes(&own->cout, mark);
+    return bytes + more <= r->budget;
 }
 
 size_t fi_ring_bytes(const fi_ring *r) { return held(r); }
+
+void fi_ring_hold_writeouts(fi_ring *r, int hold_fd, int note_fd)
+{
+    r->hold_fd = hold_fd;
+    r->hold_note_fd = note_fd;
+}
+
+int fi_ring_forked(const fi_ring *r) { return r->fork_epoch != fi_fork_epoch(); }
+
+void fi_ring_restart_in_child(fi_ring *r)
+{
+    /* the parent's write-out, if one ran when it forked, has no thread here */
+    atomic_store(&r->writer, 0);
+    reset(r);
+    atomic_store(&r->generation, 0);
+    r->head = 0;
+    atomic_store(&r->fired, 0);
+    r->fork_epoch = fi_fork_epoch();
+    set_pack_prefix(r); /* the child's packs must not take the parent's names */
+}
 
 void fi_ring_free(fi_ring *r)
 {
@@ -257,12 +368,32 @@ void fi_ring_free(fi_ring *r)
     free(r);
 }
 
-int fi_ring_fire(fi_ring *r, const char *trigger)
+/* Writes c to the test hook's note descriptor. */
+static void note(const fi_ring *r, char c)
 {
-    if (!fi_ring_recording(r))
-        return 0;
-    atomic_fetch_add(&r->fired, 1);
-    int written = fi_crash_write_ring(r, trigger, NULL);
-    reset(r);
-    return written;
+    while (write(r->hold_note_fd, &c, 1) < 0 && errno == EINTR)
+        ;
+}
+
+int fi_ring_fire(fi_ring *r, const char *trigger, long long first, void (*wait)(void),
+                 fi_ring_result *out)
+{
+    memset(out, 0, sizeof(*out));
+    int held, waited = 0;
+    while ((held = fi_ring_writer_try(r)) == 0) { /* a signal handler on another thread writes */
+        if (!waited++ && r->hold_note_fd >= 0)
+            note(r, 'w'); /* test hook: this trigger waits */
+        wait();
+    }
+    if (held < 0)
+        return 0; /* cannot happen in normal context: this thread writes it already */
+    int rc = 0;
+    if (atomic_load(&r->fired) < r->max_triggers) {
+        atomic_fetch_add(&r->fired, 1);
+        out->fired = 1;
+        rc = fi_crash_write_ring(r, trigger, NULL, first, out);
+        reset(r);
+    }
+    fi_ring_writer_release(r);
+    return rc;
 }

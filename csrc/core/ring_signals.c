@@ -3,11 +3,14 @@
 #include "ring_signals.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "crash_writer.h"
+#include "fork_watch.h"
 
 static const int handled_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGUSR1};
 static const char *const signal_names[] = {"SIGSEGV", "SIGBUS",  "SIGFPE",
@@ -39,6 +42,58 @@ static void chain(size_t i, int sig, siginfo_t *info, void *uctx)
     old->sa_handler(sig);
 }
 
+/* "[flashinfer] flight recorder: signal S: K calls written to ROOT, L lost (E)" on stderr,
+ * when a write-out lost calls: the handler has no other way to say so than session.jsonl. */
+static void say_lost(const fi_ring *r, const char *signame, const fi_ring_result *res)
+{
+    char k[24], l[24];
+    const char *parts[] = {"[flashinfer] flight recorder: signal ",
+                           signame,
+                           ": ",
+                           fi_crash_decimal(k, (unsigned long long)res->written),
+                           " calls written to ",
+                           r->root,
+                           ", ",
+                           fi_crash_decimal(l, (unsigned long long)res->lost),
+                           " lost (",
+                           fi_crash_errno_text(res->error),
+                           ")\n"};
+    char line[1024];
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        size_t n = strlen(parts[i]);
+        if (len + n >= sizeof line)
+            return;
+        memcpy(line + len, parts[i], n);
+        len += n;
+    }
+    while (write(STDERR_FILENO, line, len) < 0 && errno == EINTR)
+        ;
+}
+
+/* Writes r for the signal: one write-out at a time, so this waits for one on another
+ * thread (it then writes only what that one did not); a write-out on this very thread (the
+ * signal interrupted it) goes on after the handler and covers this signal. */
+static void write_for_signal(fi_ring *r, const char *signame)
+{
+    if (r->fork_epoch != fi_fork_epoch())
+        return; /* the parent's ring, in a child that has recorded nothing yet */
+    int held;
+    while ((held = fi_ring_writer_try(r)) == 0)
+        sched_yield();
+    if (held < 0)
+        return;
+    if (atomic_load(&r->fired) < r->max_triggers) {
+        atomic_fetch_add(&r->fired, 1);
+        fi_ring_result res;
+        long long first = fi_crash_newest_of_thread(r, fi_crash_tid());
+        if (fi_crash_write_ring(r, "signal", signame, first, &res) == 0 && res.lost)
+            say_lost(r, signame, &res);
+        atomic_store(&r->restart_pending, 1); /* freeing memory waits for normal context */
+    }
+    fi_ring_writer_release(r);
+}
+
 static void on_signal(int sig, siginfo_t *info, void *uctx)
 {
     int saved_errno = errno;
@@ -46,12 +101,8 @@ static void on_signal(int sig, siginfo_t *info, void *uctx)
     while (i < N_HANDLED - 1 && handled_signals[i] != sig)
         i++;
     fi_ring *r = atomic_load(&signal_ring);
-    /* fetch_add claims the trigger: two signals at once write the ring once */
-    if (r && !atomic_load(&r->restart_pending) &&
-        atomic_fetch_add(&r->fired, 1) < r->max_triggers) {
-        fi_crash_write_ring(r, "signal", signal_names[i]);
-        atomic_store(&r->restart_pending, 1); /* freeing memory waits for normal context */
-    }
+    if (r)
+        write_for_signal(r, signal_names[i]);
     errno = saved_errno;
     chain(i, sig, info, uctx);
 }
