@@ -363,6 +363,64 @@ def test_a_full_disk_keeps_the_triggering_call_and_says_what_was_lost(tmp_path):
     ), log
 
 
+# ------------------------------------------------------- the trigger record itself
+
+LONG_ROOT = """
+try:
+    h.fail(torch.ones(1))
+except ValueError:
+    pass
+import flashinfer.api_logging as al
+print(al._LOGGER.dump_ring('say "hi"\\n'), flush=True)
+try:
+    al._LOGGER.dump_ring("x" * 129)
+except ValueError as e:
+    print(e, flush=True)
+"""
+
+
+def test_a_trigger_record_too_long_for_one_line_is_written_without_the_call_keys(tmp_path):
+    # a dump root this long makes the trigger record pass its 4096 bytes (the dump_dir key)
+    root = tmp_path / "dumps"
+    while len(str(root)) < 3900:
+        root = root / ("d" * min(200, 3900 - len(str(root)) - 1))
+    r = run_child(
+        tmp_path,
+        LONG_ROOT,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="exception",
+        FLASHINFER_DUMP_MAX_TRIGGERS=2,
+        FLASHINFER_DUMP_DIR=root,
+    )
+    assert r.stdout.splitlines()[-2:] == [
+        "0",  # the ring started again after the exception's write-out
+        "dump_ring: the trigger name must be 1 to 128 bytes, not 129",
+    ]
+    ((path, recs),) = dumpdir.ordered_dumps(root)
+    call = recs[-1]
+    keys = json.dumps(
+        {k: call[k] for k in ("function_name", "dump_dir", "call_sequence", "sequence")}
+    )
+    exception, manual = triggers(root)
+    assert "dump_dir" not in exception and "function_name" not in exception
+    assert (exception["trigger"], exception["calls_written"]) == ("exception", 1)
+    assert exception["call_keys_left_out"] == len(keys) - 2  # the members, without the braces
+    # the name dump_ring was given, escaped as JSON
+    assert manual == {
+        "record_type": "trigger",
+        "trigger": 'say "hi"\n',
+        "time": manual["time"],
+        "process_id": exception["process_id"],
+        "calls_written": 0,
+    }
+    log = (tmp_path / "log.txt").read_text()
+    assert (
+        "trigger exception in fail: 1 calls written to "
+        f"{root}; its record in session.jsonl leaves out the triggering call's keys "
+        f"({len(keys) - 2} bytes: the record would pass 4096 bytes)\n"
+    ) in log
+
+
 # ------------------------------------------------------------------ the budget
 
 ONE_TOO_BIG = """

@@ -442,19 +442,52 @@ static int assemble(char *line, size_t cap, size_t *len, const char *const *part
     return 0;
 }
 
+/* s as the inside of a JSON string in dst (cap bytes): '"', '\\' and control characters
+ * escaped, other bytes as they are (UTF-8 stays UTF-8). -1 when it does not fit. */
+static int json_escape(char *dst, size_t cap, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[7] = {'\\', (char)*p, 0};
+        if (*p < 0x20) {
+            memcpy(esc, "\\u00", 4);
+            esc[4] = hex[*p >> 4];
+            esc[5] = hex[*p & 15];
+            esc[6] = 0;
+        } else if (*p != '"' && *p != '\\') {
+            esc[0] = (char)*p;
+            esc[1] = 0;
+        }
+        size_t k = strlen(esc);
+        if (n + k >= cap)
+            return -1;
+        memcpy(dst + n, esc, k);
+        n += k;
+    }
+    dst[n] = '\0';
+    return 0;
+}
+
 /* {"record_type": "trigger", "trigger": T, ["signal": S,] "time": unix seconds,
  *  "process_id": P, "calls_written": K, ["calls_written_before": B,] ["calls_lost": L,
- *  "error": E,] <the triggering call's keys>} on one line, one write(2). */
+ *  "error": E,] <the triggering call's keys>} on one line, one write(2) of at most
+ * FI_TRIGGER_RECORD_MAX bytes. When the call's keys would make it longer (a dump directory
+ * of a very long path) they are left out and "call_keys_left_out": their length says so.
+ * Sets res->record and what goes with it. */
 static void write_trigger_line(int fd, const char *trigger, const char *signame,
-                               const fi_ring_slot *call, const fi_ring_result *res)
+                               const fi_ring_slot *call, fi_ring_result *res)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    char a[24], b[24], c[24], d[24], e[24], g[24];
+    char a[24], b[24], c[24], d[24], e[24], g[24], k[24];
+    char name[6 * FI_TRIGGER_NAME_MAX + 1];
+    if (json_escape(name, sizeof name, trigger) < 0)
+        memcpy(name, "?", 2); /* dump_ring refuses longer names: cannot happen */
     const char *keys = call && call->files.trigger_keys.len ? call->files.trigger_keys.data : "";
     const char *parts[] = {
         "{\"record_type\": \"trigger\", \"trigger\": \"",
-        trigger,
+        name,
         signame ? "\", \"signal\": \"" : "",
         signame ? signame : "",
         "\", \"time\": ",
@@ -476,11 +509,23 @@ static void write_trigger_line(int fd, const char *trigger, const char *signame,
         keys,
         "}\n",
     };
+    size_t n_parts = sizeof parts / sizeof parts[0];
     /* one write(2) per part would interleave with other processes' records: assemble */
-    char line[4096];
+    char line[FI_TRIGGER_RECORD_MAX];
     size_t len = 0;
-    if (assemble(line, sizeof line, &len, parts, sizeof parts / sizeof parts[0]) == 0)
-        write_all_raw(fd, line, len);
+    res->record = FI_RECORD_WHOLE;
+    if (assemble(line, sizeof line, &len, parts, n_parts) < 0) {
+        res->record = FI_RECORD_SHORT;
+        res->keys_left_out = strlen(keys);
+        parts[n_parts - 3] = ", \"call_keys_left_out\": ";
+        parts[n_parts - 2] = decimal(k, (unsigned long long)res->keys_left_out, 1);
+        len = 0;
+        assemble(line, sizeof line, &len, parts, n_parts); /* fits: the rest is bounded */
+    }
+    if (fd < 0 || write_all_raw(fd, line, len) < 0) {
+        res->record_error = fd < 0 ? res->record_error : errno;
+        res->record = FI_RECORD_LOST;
+    }
 }
 
 /* ------------------------------------------------------------------ write-out */
@@ -544,11 +589,15 @@ int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, lo
                         fi_ring_result *res)
 {
     res->written = res->before = res->lost = 0;
-    res->error = 0;
+    res->error = res->record_error = 0;
+    res->record = FI_RECORD_WHOLE;
+    res->keys_left_out = 0;
     char session[PATH_MAX];
     if (make_dirs(r->root) < 0 || join3(session, r->root, "/", FI_DUMP_SESSION_FILE) < 0)
         return -1;
     int fd = open(session, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        res->record_error = errno;
     /* the compact layout: the chunks first, in this write-out's pack; a call whose manifests
      * cannot name them is lost with the pack's errno */
     int pack_err = 0;
@@ -569,9 +618,8 @@ int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, lo
             call = s; /* no triggering call: the trigger record names the newest */
         write_one(r, s, fd, pack_err, res, &first_done);
     }
-    if (fd >= 0) {
-        write_trigger_line(fd, trigger, signame, call, res);
+    write_trigger_line(fd, trigger, signame, call, res);
+    if (fd >= 0)
         close(fd);
-    }
     return 0;
 }

@@ -104,6 +104,12 @@ void fi_recorder_free(fi_recorder *rec)
 
 int fi_recorder_fire(fi_recorder *rec, const char *trigger)
 {
+    size_t n = strlen(trigger);
+    if (n == 0 || n > FI_TRIGGER_NAME_MAX) {
+        PyErr_Format(PyExc_ValueError, "dump_ring: the trigger name must be 1 to %d bytes, not %zu",
+                     FI_TRIGGER_NAME_MAX, n);
+        return -1;
+    }
     check_fork(rec);
     return rec->mode->fire(rec, trigger);
 }

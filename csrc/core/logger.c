@@ -259,7 +259,8 @@ static PyMemberDef logger_members[] = {
 
 PyDoc_STRVAR(dump_ring_doc,
              "dump_ring(trigger='manual')\n--\n\nWrite the in-memory flight recorder's calls now "
-             "(as the named trigger would); returns how many calls were written.");
+             "(as the named trigger would; a name of 1 to 128 bytes); returns how many calls were "
+             "written.");
 
 static PyObject *logger_dump_ring(fi_logger *lg, PyObject *args)
 {

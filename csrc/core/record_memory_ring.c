@@ -54,6 +54,14 @@ static int fire_ring(fi_recorder *rec, const char *trigger, long long first, con
         fi_buf_printf(&b, " (%lld more written by the write-out before)", res.before);
     if (res.lost)
         fi_buf_printf(&b, "; %lld calls lost: %s", res.lost, fi_crash_errno_text(res.error));
+    if (res.record == FI_RECORD_SHORT)
+        fi_buf_printf(&b,
+                      "; its record in session.jsonl leaves out the triggering call's keys "
+                      "(%zu bytes: the record would pass %d bytes)",
+                      res.keys_left_out, FI_TRIGGER_RECORD_MAX);
+    else if (res.record == FI_RECORD_LOST)
+        fi_buf_printf(&b, "; its record could not be written to session.jsonl: %s",
+                      strerror(res.record_error));
     fi_buf_putc(&b, '\n');
     rec->emit(rec->owner, b.data, b.len);
     fi_buf_free(&b);

@@ -77,7 +77,8 @@ void fi_dump_end(fi_dump_call *call, PyObject *result);
 int fi_dump_checks_outputs(const fi_dump_call *call);
 
 /* Writes the in-memory ring now, as trigger would; the number of calls written (0 without
- * an in-memory ring), -1 with OSError set when the dump root cannot be written. */
+ * an in-memory ring), -1 with OSError set when the dump root cannot be written, or
+ * ValueError for a trigger name of 0 or more than FI_TRIGGER_NAME_MAX bytes. */
 int fi_recorder_fire(fi_recorder *rec, const char *trigger);
 
 /* Appends a "skipped" record to session.jsonl for each cap whose count of calls kept out

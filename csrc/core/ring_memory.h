@@ -116,12 +116,23 @@ int fi_ring_call_fits(fi_ring *r, const fi_ring_files *own, size_t more);
 
 /* The outcome of a write-out (crash_writer.c). */
 typedef struct {
-    long long written; /* calls written now */
-    long long before;  /* calls an earlier write-out had written already */
-    long long lost;    /* calls that could not be written */
-    int error;         /* errno of the first failure, 0 when none */
-    int fired;         /* 0 when FLASHINFER_DUMP_MAX_TRIGGERS had been reached: nothing done */
+    long long written;    /* calls written now */
+    long long before;     /* calls an earlier write-out had written already */
+    long long lost;       /* calls that could not be written */
+    int error;            /* errno of the first failure, 0 when none */
+    int fired;            /* 0 when FLASHINFER_DUMP_MAX_TRIGGERS had been reached: nothing done */
+    int record;           /* the trigger record in session.jsonl: FI_RECORD_* */
+    int record_error;     /* FI_RECORD_LOST: errno */
+    size_t keys_left_out; /* FI_RECORD_SHORT: bytes of the triggering call's keys left out */
 } fi_ring_result;
+
+/* The trigger record: written whole; written without the triggering call's keys (the line
+ * would pass FI_TRIGGER_RECORD_MAX bytes); not written (session.jsonl refused it). */
+enum { FI_RECORD_WHOLE, FI_RECORD_SHORT, FI_RECORD_LOST };
+#define FI_TRIGGER_RECORD_MAX 4096
+
+/* The longest trigger name dump_ring takes, in bytes. */
+#define FI_TRIGGER_NAME_MAX 128
 
 /* Writes the ring for trigger (normal context): the call of first (a generation, 0: none)
  * first, then the others newest first, and a trigger record in session.jsonl; the ring then

@@ -42,33 +42,77 @@ static void chain(size_t i, int sig, siginfo_t *info, void *uctx)
     old->sa_handler(sig);
 }
 
-/* "[flashinfer] flight recorder: signal S: K calls written to ROOT, L lost (E)" on stderr,
- * when a write-out lost calls: the handler has no other way to say so than session.jsonl. */
+#define TEXT_OF_(x) #x
+#define TEXT_OF(x) TEXT_OF_(x)
+
+static void write_stderr(const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(STDERR_FILENO, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return;
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+/* "[flashinfer] flight recorder: signal S: K calls written to ROOT; L calls lost: E" (and
+ * what became of the trigger record) on stderr, when a write-out lost calls or its record:
+ * the handler has no other way to say so. One write(2) when the line fits 1024 bytes, else
+ * one per part. */
 static void say_lost(const fi_ring *r, const char *signame, const fi_ring_result *res)
 {
-    char k[24], l[24];
-    const char *parts[] = {"[flashinfer] flight recorder: signal ",
-                           signame,
-                           ": ",
-                           fi_crash_decimal(k, (unsigned long long)res->written),
-                           " calls written to ",
-                           r->root,
-                           ", ",
-                           fi_crash_decimal(l, (unsigned long long)res->lost),
-                           " lost (",
-                           fi_crash_errno_text(res->error),
-                           ")\n"};
+    char k[24], l[24], m[24];
+    int lost = res->lost > 0, shortened = res->record == FI_RECORD_SHORT;
+    int unwritten = res->record == FI_RECORD_LOST;
+    const char *parts[] = {
+        "[flashinfer] flight recorder: signal ",
+        signame,
+        ": ",
+        fi_crash_decimal(k, (unsigned long long)res->written),
+        " calls written to ",
+        r->root,
+        lost ? "; " : "",
+        lost ? fi_crash_decimal(l, (unsigned long long)res->lost) : "",
+        lost ? " calls lost: " : "",
+        lost ? fi_crash_errno_text(res->error) : "",
+        shortened ? "; its record in session.jsonl leaves out the triggering call's keys (" : "",
+        shortened ? fi_crash_decimal(m, (unsigned long long)res->keys_left_out) : "",
+        shortened ? " bytes: the record would pass " TEXT_OF(FI_TRIGGER_RECORD_MAX) " bytes)" : "",
+        unwritten ? "; its record could not be written to session.jsonl: " : "",
+        unwritten ? fi_crash_errno_text(res->record_error) : "",
+        "\n",
+    };
+    size_t n_parts = sizeof parts / sizeof parts[0];
     char line[1024];
     size_t len = 0;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+    for (size_t i = 0; i < n_parts; i++) {
         size_t n = strlen(parts[i]);
-        if (len + n >= sizeof line)
+        if (len + n >= sizeof line) {
+            for (size_t j = 0; j < n_parts; j++)
+                write_stderr(parts[j], strlen(parts[j]));
             return;
+        }
         memcpy(line + len, parts[i], n);
         len += n;
     }
-    while (write(STDERR_FILENO, line, len) < 0 && errno == EINTR)
-        ;
+    write_stderr(line, len);
+}
+
+/* "[flashinfer] flight recorder: signal S: cannot write ROOT: E" on stderr. */
+static void say_cannot_write(const fi_ring *r, const char *signame, int err)
+{
+    const char *parts[] = {"[flashinfer] flight recorder: signal ",
+                           signame,
+                           ": cannot write ",
+                           r->root,
+                           ": ",
+                           fi_crash_errno_text(err),
+                           "\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        write_stderr(parts[i], strlen(parts[i]));
 }
 
 /* Writes r for the signal: one write-out at a time, so this waits for one on another
@@ -87,7 +131,9 @@ static void write_for_signal(fi_ring *r, const char *signame)
         atomic_fetch_add(&r->fired, 1);
         fi_ring_result res;
         long long first = fi_crash_newest_of_thread(r, fi_crash_tid());
-        if (fi_crash_write_ring(r, "signal", signame, first, &res) == 0 && res.lost)
+        if (fi_crash_write_ring(r, "signal", signame, first, &res) < 0)
+            say_cannot_write(r, signame, errno);
+        else if (res.lost || res.record != FI_RECORD_WHOLE)
             say_lost(r, signame, &res);
         atomic_store(&r->restart_pending, 1); /* freeing memory waits for normal context */
     }
