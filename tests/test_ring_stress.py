@@ -164,8 +164,7 @@ threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
 for t in threads:
     t.start()
 rng = random.Random(0)
-while any(t.is_alive() for t in threads):
-    alive = [t for t in threads if t.is_alive()]
+while alive := [t for t in threads if t.is_alive()]:
     try:
         signal.pthread_kill(rng.choice(alive).ident, signal.SIGUSR1)
     except ProcessLookupError:
