@@ -714,9 +714,12 @@ def _accepted_thresholds(check, thresholds):
 
 
 def classify(result):
-    """``match``, ``mismatch``, ``no_reference``, ``error`` or ``incomplete``."""
+    """``match``, ``mismatch``, ``no_reference``, ``error``, ``incomplete`` or ``skipped``
+    (a metadata-only dump: nothing to check)."""
     if "error" in result:
         return "error"
     if result.get("incomplete"):
         return "incomplete"
+    if result.get("skipped"):
+        return "skipped"
     return result["reference"]["status"]

@@ -24,6 +24,7 @@ _MARKS = {
     "no_reference": ("➖ no reference", "yellow"),
     "error": ("❌ Error", "red"),
     "incomplete": ("⚠️ Incomplete: the process ended during this call (inputs only)", "yellow"),
+    "skipped": ("⏭️ Skipped: metadata only, not checked", "yellow"),
 }
 
 
@@ -50,6 +51,8 @@ def call_line(index, result, status, color=False):
         text = f"{mark}: {outcome.get('reason', '')}"
     elif status == "error":
         text = f"{mark}: {str(result.get('error', '')).splitlines()[0]}"
+    elif status == "skipped":
+        text = f"{mark} ({result['skipped']})"
     else:
         text = mark
     styled = click.style(text, fg=colour) if color else text
@@ -66,6 +69,8 @@ def summary_line(counts):
         text += f" ({counts['property']} matched by property)"
     if counts["incomplete"]:
         text += f", {counts['incomplete']} incomplete"
+    if counts["skipped"]:
+        text += f", {counts['skipped']} skipped (metadata only)"
     return text
 
 
@@ -79,6 +84,8 @@ def _report_entry(index, result, status):
     }
     if status == "error":
         entry["message"] = result.get("error")
+    if status == "skipped":
+        entry["skipped"] = result["skipped"]
     for key in ("template", "method", "rule", "reason", "tensors", "mismatches", "differences"):
         if key in (result.get("reference") or {}):
             entry[key] = result["reference"][key]
@@ -123,7 +130,15 @@ def replay_against_reference(
             "thresholds": thresholds,
             "summary": {
                 k: counts[k]
-                for k in ("match", "mismatch", "no_reference", "error", "incomplete", "property")
+                for k in (
+                    "match",
+                    "mismatch",
+                    "no_reference",
+                    "error",
+                    "incomplete",
+                    "skipped",
+                    "property",
+                )
             },
             "results": report,
         }

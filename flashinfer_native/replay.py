@@ -413,13 +413,16 @@ def reference_entry(
 
     ``objects`` is the dict a replay order shares (here it holds each wrapper object's
     recorded ``__init__``/``plan`` arguments). Returns a replay result (``dump_dir``,
-    ``metadata``, and ``error`` or ``incomplete``) with ``reference``, the outcome of
-    ``reference.check_call``.
+    ``metadata``, and ``error``, ``incomplete`` or ``skipped`` (a metadata-only dump)) with
+    ``reference``, the outcome of ``reference.check_call``.
     """
     last = records[-1] if records else {}
     result = {"dump_dir": path, "metadata": last}
     if last.get("execution_status") == "inputs_saved":
         result["incomplete"] = True
+        return result
+    if last.get("tensors_skipped"):  # a ring kept the records only (docs/ring.md)
+        result["skipped"] = f"tensors not recorded ({last['tensors_skipped']})"
         return result
     try:
         loaded = replay_from_dump(

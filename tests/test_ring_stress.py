@@ -572,6 +572,15 @@ def test_readers_list_a_metadata_only_call_and_replay_skips_it(tmp_path):
         "(tensors not recorded (ring budget))\n"
     ) in replayed.output
     assert "Summary: 1 passed, 0 failed/mismatch, 1 skipped (metadata only)\n" in replayed.output
+    checked = CliRunner().invoke(
+        cli,
+        ["replay", "--dir", str(root), "--against", "reference", "--allow-module", "ring_helpers"],
+    )
+    assert checked.exit_code == 0, checked.output
+    assert (
+        f"[2] step ({big}): ⏭️ Skipped: metadata only, not checked "
+        "(tensors not recorded (ring budget))\n"
+    ) in checked.output
     write_report(root, tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     assert page.count("metadata only: tensors not kept (ring budget)") == 2  # table, detail
