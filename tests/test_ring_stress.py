@@ -2,13 +2,17 @@
 write-out, fork, a full disk, one call over the budget and a memory limit. Each test runs
 a real child process; each guards one way the ring once broke."""
 
+import ctypes
 import json
 import os
+import platform
 import re
 import select
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import torch
 from test_ring import (
@@ -21,6 +25,9 @@ from test_ring import (
 )
 
 from flashinfer_native import dumpdir
+
+# tgkill(2), which signals one thread of another process
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
 
 
 def last_line(text):
@@ -125,7 +132,7 @@ def test_a_second_trigger_waits_for_a_held_write_out_and_new_calls_free_nothing(
         p.stdin.write("go\n")
         p.stdin.flush()
         assert read_byte(note_r) == b"w"  # the manual trigger waits for it
-        os.write(hold_w, b"xx")
+        os.write(hold_w, b"xxx")  # the signal's write-out; the manual one's, and its freeing
         out, _ = p.communicate(timeout=120)
     finally:
         p.kill()
@@ -146,6 +153,77 @@ def test_a_second_trigger_waits_for_a_held_write_out_and_new_calls_free_nothing(
         0,
         4,
     )
+
+
+FREEING = """
+import threading, time
+import flashinfer.api_logging as al
+lg = al._LOGGER
+for i in range(4):
+    h.step(torch.full((64,), i + 0.5), i)
+victim = threading.Thread(target=time.sleep, args=(300,), daemon=True)
+victim.start()
+print("victim", victim.native_id, flush=True)
+lg._hold_ring_writeouts(int(os.environ["HOLD_FD"]), int(os.environ["NOTE_FD"]))
+print("manual", lg.dump_ring("manual"), flush=True)
+"""
+
+
+def thread_settled(pid, tid):
+    """The thread has no signal pending and sleeps (S): a handler that ran has returned."""
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return status["State"].split()[0] == "S" and int(status["SigPnd"], 16) == 0
+
+
+def test_a_signal_while_a_write_out_frees_what_it_wrote_does_not_wait_for_it(tmp_path):
+    # free() in the write-out may wait for a malloc lock that the signalled thread holds:
+    # a handler that waited for the write-out there would hang both threads for good
+    hold_r, hold_w = os.pipe()
+    note_r, note_w = os.pipe()
+    env = child_env(
+        tmp_path,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="signal",
+        FLASHINFER_DUMP_MAX_TRIGGERS=10,
+        HOLD_FD=hold_r,
+        NOTE_FD=note_w,
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(FREEING)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        pass_fds=(hold_r, note_w),
+    )
+    os.close(hold_r)
+    os.close(note_w)
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        victim = None
+        for line in p.stdout:
+            if line.startswith("victim "):
+                victim = int(line.split()[1])
+                break
+        assert read_byte(note_r) == b"h"  # the manual write-out, after its first call
+        os.write(hold_w, b"x")
+        assert read_byte(note_r) == b"f"  # held before it frees the calls it wrote
+        assert libc.syscall(SYS_TGKILL, p.pid, victim, signal.SIGUSR1) == 0
+        for _ in range(6000):  # the failure this guards against is a handler spinning forever
+            if thread_settled(p.pid, victim):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the signal handler waits for the write-out that frees")
+        os.write(hold_w, b"x")
+        out, _ = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        os.close(hold_w)
+        os.close(note_r)
+    assert p.returncode == 0 and last_line(out) == "manual 4", (p.returncode, out)
+    # the ring was on disk already: the signal's turn was given up, not written twice
+    assert [t["trigger"] for t in triggers(tmp_path / "dumps")] == ["manual"]
 
 
 SIGNAL_STORM = """

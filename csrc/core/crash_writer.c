@@ -530,14 +530,13 @@ static void write_trigger_line(int fd, const char *trigger, const char *signame,
 
 /* ------------------------------------------------------------------ write-out */
 
-/* The test hook of fi_ring_hold_writeouts: say a write-out is under way, wait for leave. */
-static void hold(const fi_ring *r)
+void fi_ring_test_hold(const fi_ring *r, char what)
 {
     if (r->hold_fd < 0)
         return;
-    char c = 'h';
-    while (write(r->hold_note_fd, &c, 1) < 0 && errno == EINTR)
+    while (write(r->hold_note_fd, &what, 1) < 0 && errno == EINTR)
         ;
+    char c;
     while (read(r->hold_fd, &c, 1) < 0 && errno == EINTR)
         ;
 }
@@ -570,7 +569,7 @@ static void write_one(fi_ring *r, fi_ring_slot *s, int session_fd, int pack_err,
     }
     if (!*first_done) {
         *first_done = 1;
-        hold(r);
+        fi_ring_test_hold(r, 'h'); /* a write-out is under way */
     }
 }
 

@@ -5,6 +5,10 @@
 
 #include "ring_memory.h"
 
+/* The test hook of fi_ring_hold_writeouts: writes what to its note descriptor and waits for
+ * a byte on its hold descriptor (when set). */
+void fi_ring_test_hold(const fi_ring *r, char what);
+
 /* The calling thread's id (gettid). */
 long fi_crash_tid(void);
 

@@ -304,7 +304,8 @@ static PyObject *logger_ring_banner(fi_logger *lg, PyObject *unused)
 PyDoc_STRVAR(hold_ring_writeouts_doc,
              "_hold_ring_writeouts(hold_fd, note_fd)\n--\n\nTests: every write-out of the "
              "in-memory ring, after its first call, writes b'h' to note_fd and waits for a byte "
-             "on hold_fd; a trigger that waits for a write-out writes b'w'. -1, -1: off.");
+             "on hold_fd, and again (b'f') before it frees the calls it wrote; a trigger that "
+             "waits for a write-out writes b'w'. -1, -1: off.");
 
 static PyObject *logger_hold_ring_writeouts(fi_logger *lg, PyObject *args)
 {

@@ -176,6 +176,13 @@ static int evict_oldest(fi_ring *r, int keep_buffers)
     return 0;
 }
 
+/* Writes c to the test hook's note descriptor. */
+static void note(const fi_ring *r, char c)
+{
+    while (write(r->hold_note_fd, &c, 1) < 0 && errno == EINTR)
+        ;
+}
+
 /* Empties the ring and frees its buffers; the caller holds it for a write-out. */
 static void reset(fi_ring *r)
 {
@@ -189,6 +196,17 @@ static void reset(fi_ring *r)
     atomic_store(&r->restart_pending, 0);
 }
 
+/* reset with the ring held for a write-out. free() may wait for a malloc lock that the
+ * thread of a signal handler waiting for the ring holds: freeing tells such a handler to
+ * give up its turn rather than wait (ring_signals.c), so the two never wait for each other. */
+static void reset_held(fi_ring *r)
+{
+    atomic_store(&r->freeing, 1);
+    fi_ring_test_hold(r, 'f');
+    reset(r);
+    atomic_store(&r->freeing, 0);
+}
+
 int fi_ring_recording(fi_ring *r)
 {
     if (atomic_load(&r->writer))
@@ -199,7 +217,7 @@ int fi_ring_recording(fi_ring *r)
         if (fi_ring_writer_try(r) != 1)
             return 0;
         if (atomic_load(&r->restart_pending) || r->count > 0 || r->used > 0)
-            reset(r);
+            reset_held(r);
         fi_ring_writer_release(r);
     }
     return atomic_load(&r->fired) < r->max_triggers;
@@ -368,13 +386,6 @@ void fi_ring_free(fi_ring *r)
     free(r);
 }
 
-/* Writes c to the test hook's note descriptor. */
-static void note(const fi_ring *r, char c)
-{
-    while (write(r->hold_note_fd, &c, 1) < 0 && errno == EINTR)
-        ;
-}
-
 int fi_ring_fire(fi_ring *r, const char *trigger, long long first, void (*wait)(void),
                  fi_ring_result *out)
 {
@@ -392,7 +403,7 @@ int fi_ring_fire(fi_ring *r, const char *trigger, long long first, void (*wait)(
         atomic_fetch_add(&r->fired, 1);
         out->fired = 1;
         rc = fi_crash_write_ring(r, trigger, NULL, first, out);
-        reset(r);
+        reset_held(r);
     }
     fi_ring_writer_release(r);
     return rc;

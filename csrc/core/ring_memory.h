@@ -68,6 +68,7 @@ typedef struct fi_ring {
     atomic_llong fired;         /* triggers written (counted under writer) */
     atomic_long writer;         /* the thread id of the write-out running, 0 when none */
     atomic_int restart_pending; /* a signal handler wrote the ring: reset it in normal context */
+    atomic_int freeing;         /* the writer frees the ring's calls (after writing them) */
     unsigned long fork_epoch;   /* fi_fork_epoch() when the ring was made */
     int hold_fd, hold_note_fd;  /* test hook (fi_ring_hold_writeouts), -1 when unset */
     uint64_t count_mark;        /* the last mark fi_ring_call_fits gave chunks it counted */
@@ -148,8 +149,8 @@ size_t fi_ring_bytes(const fi_ring *r);
 void fi_ring_manifest_clear(fi_ring_manifest *m);
 
 /* Test hook: every write-out, after its first call, writes 'h' to note_fd and blocks until
- * a byte can be read from hold_fd; a trigger that has to wait for a write-out writes 'w'
- * (-1: off). */
+ * a byte can be read from hold_fd, and again ('f') before it frees the calls it wrote; a
+ * trigger that has to wait for a write-out writes 'w' (-1: off). */
 void fi_ring_hold_writeouts(fi_ring *r, int hold_fd, int note_fd);
 
 /* The process forked since the ring was made (pthread_atfork): the ring is the parent's. */

@@ -116,15 +116,21 @@ static void say_cannot_write(const fi_ring *r, const char *signame, int err)
 }
 
 /* Writes r for the signal: one write-out at a time, so this waits for one on another
- * thread (it then writes only what that one did not); a write-out on this very thread (the
- * signal interrupted it) goes on after the handler and covers this signal. */
+ * thread (it then writes only what that one did not), unless that one is freeing the calls
+ * it wrote; a write-out on this very thread (the signal interrupted it) goes on after the
+ * handler and covers this signal. */
 static void write_for_signal(fi_ring *r, const char *signame)
 {
     if (r->fork_epoch != fi_fork_epoch())
         return; /* the parent's ring, in a child that has recorded nothing yet */
     int held;
-    while ((held = fi_ring_writer_try(r)) == 0)
+    while ((held = fi_ring_writer_try(r)) == 0) {
+        /* the other writer frees what it wrote: this thread may hold the malloc lock its
+         * free() waits for, so waiting could hang both; the ring is on disk already */
+        if (atomic_load(&r->freeing))
+            return;
         sched_yield();
+    }
     if (held < 0)
         return;
     if (atomic_load(&r->fired) < r->max_triggers) {
