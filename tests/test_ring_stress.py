@@ -14,11 +14,14 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 from test_ring import (
     PRELUDE,
     assert_whole_dumps,
     child_env,
+    has,
+    load,
     run_child,
     session_lines,
     triggers,
@@ -54,10 +57,10 @@ def assert_each_call_holds_its_own_tensors(root):
             continue
         i = recs[0]["input_metadata"]["arg_1"]
         assert all(r["input_metadata"]["arg_1"] == i for r in recs), path
-        x = torch.load(os.path.join(path, "inputs.pt"))["arg_0"]
+        x = load(path, "inputs")["arg_0"]
         assert torch.all(x == i + 0.5), path
-        if os.path.exists(os.path.join(path, "outputs.pt")):
-            y = torch.load(os.path.join(path, "outputs.pt"))["result"]
+        if has(path, "outputs"):
+            y = load(path, "outputs")["result"]
             assert torch.all(y == 2 * i + 1.0), path
 
 
@@ -415,30 +418,45 @@ except ValueError:
 """
 
 
-def test_a_full_disk_keeps_the_triggering_call_and_says_what_was_lost(tmp_path):
-    run_child(tmp_path, FULL_DISK, FLASHINFER_DUMP_RING=16, FLASHINFER_DUMP_ON="exception")
+@pytest.mark.parametrize("layout", ["flashinfer", "compact"])
+def test_a_full_disk_keeps_the_triggering_call_and_says_what_was_lost(tmp_path, layout):
+    run_child(
+        tmp_path,
+        FULL_DISK,
+        FLASHINFER_DUMP_RING=16,
+        FLASHINFER_DUMP_ON="exception",
+        FLASHINFER_DUMP_LAYOUT=layout,
+    )
     root = tmp_path / "dumps"
     assert no_hidden_entries(root) == []
     assert_whole_dumps(root)
     assert_each_call_holds_its_own_tensors(root)
+    # each even call's tensor files pass the file size limit; in the compact layout a
+    # constant tensor is one 64 KB chunk, and the calls' chunks share one pack: the newest
+    # even call's fit in it beside the triggering call's, the older ones' no longer do
+    kept = [14] if layout == "compact" else []
     calls = dumps_by_pid(root)
-    assert list(calls.values()) == [[1, 3, 5, 7, 9, 11, 13, "fail"]]
-    assert len(os.listdir(root)) == 8 + 1  # no empty directories; and session.jsonl
+    assert list(calls.values()) == [[1, 3, 5, 7, 9, 11, 13] + kept + ["fail"]]
+    # no empty directories; and session.jsonl (and the compact layout's chunks/, one pack)
+    assert len(os.listdir(root)) == 8 + len(kept) + 1 + (layout == "compact")
     # written the triggering call first, then newest first
     order = [
         r["function_name"] if r["function_name"] == "fail" else r["input_metadata"]["arg_1"]
         for r in session_lines(root)
         if r.get("execution_status") == "inputs_saved"
     ]
-    assert order == ["fail", 13, 11, 9, 7, 5, 3, 1]
+    assert order == ["fail"] + kept + [13, 11, 9, 7, 5, 3, 1]
+    written, lost = 8 + len(kept), 8 - len(kept)
     (trig,) = triggers(root)
-    assert (trig["calls_written"], trig["calls_lost"], trig["error"]) == (8, 8, "File too large")
+    assert (trig["calls_written"], trig["calls_lost"], trig["error"]) == (
+        written,
+        lost,
+        "File too large",
+    )
     assert trig["function_name"] == "fail"
     log = (tmp_path / "log.txt").read_text()
-    assert re.search(
-        r"trigger exception in fail: 8 calls written to \S+; 8 calls lost: File too large\n",
-        log,
-    ), log
+    line = f"trigger exception in fail: {written} calls written to \\S+; {lost} calls lost: "
+    assert re.search(line + "File too large\n", log), log
 
 
 # ------------------------------------------------------- the trigger record itself
@@ -601,12 +619,14 @@ def test_a_failed_allocation_evicts_then_keeps_the_records_only(tmp_path):
         FLASHINFER_DUMP_ON="exit",
         FLASHINFER_DUMP_MAX_TRIGGERS=2,
         FLASHINFER_DUMP_RING_MAX_GB=4,
+        # tensor file images: in the compact layout a constant tensor is one stored chunk
+        FLASHINFER_DUMP_LAYOUT="flashinfer",
     )
     # the manual trigger wrote the fifth call only: memory ran out for its copy, the four
     # before it were evicted, and the copy was made again
     assert r.stdout.splitlines()[-2:] == ["1", "alive"]
     ((path4, _), (path5, recs5)) = dumpdir.ordered_dumps(tmp_path / "dumps")
-    x = torch.load(os.path.join(path4, "inputs.pt"))["arg_0"]
+    x = load(path4, "inputs")["arg_0"]
     assert x.numel() == 13 << 20 and torch.all(x == 4.5)
     assert [r.get("tensors_skipped") for r in recs5] == ["memory"] * 2
     assert os.listdir(path5) == ["metadata.jsonl"]
@@ -663,3 +683,56 @@ def test_readers_list_a_metadata_only_call_and_replay_skips_it(tmp_path):
     write_report(root, tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     assert page.count("metadata only: tensors not kept (ring budget)") == 2  # table, detail
+
+
+# ---------------------------------- the compact layout's packs across write-outs
+
+SIGNAL_MID_CALL = """
+import json, threading
+import flashinfer.api_logging as al
+from flashinfer.api_logging import flashinfer_api
+
+@flashinfer_api
+def mid(x):
+    # the signal's write-out writes this call with its inputs only
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+    return x.clone(), x + 1
+
+x = torch.arange(1 << 18, dtype=torch.float32)
+mid(x)
+print("manual", al._LOGGER.dump_ring("manual"), flush=True)
+"""
+
+
+def test_a_later_write_out_packs_again_the_chunks_its_manifests_need(tmp_path):
+    # the outputs written by the manual trigger repeat the inputs' chunks, packed by the
+    # signal's write-out, and add their own: a manifest names one pack, so the second
+    # write-out's pack must hold both
+    r = run_child(
+        tmp_path,
+        SIGNAL_MID_CALL,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="signal",
+        FLASHINFER_DUMP_MAX_TRIGGERS=5,
+    )
+    assert last_line(r.stdout) == "manual 1", r.stdout
+    root = tmp_path / "dumps"
+    ((path, recs),) = dumpdir.ordered_dumps(root)
+    assert sorted(os.listdir(path)) == [
+        "inputs.chunks.json",
+        "metadata.jsonl",
+        "outputs.chunks.json",
+    ]
+    packs = sorted(os.listdir(root / "chunks"))
+    assert len(packs) == 2, packs
+    with open(os.path.join(path, "inputs.chunks.json")) as f:
+        assert json.load(f)["packs"] == [packs[0]]  # the signal's, write-out 1
+    with open(os.path.join(path, "outputs.chunks.json")) as f:
+        assert json.load(f)["packs"] == [packs[1]]  # the manual trigger's, write-out 2
+    x = torch.arange(1 << 18, dtype=torch.float32)
+    assert torch.equal(load(path, "inputs")["arg_0"], x)
+    out = load(path, "outputs")
+    assert [torch.equal(t, e) for t, e in zip(out.values(), (x, x + 1))] == [True, True], out.keys()
+    sig, manual = triggers(root)
+    assert (sig["calls_written"], manual["calls_written"]) == (1, 1)
+    assert_records_once(root)

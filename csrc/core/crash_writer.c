@@ -183,9 +183,19 @@ static int manifest_missing(const fi_ring_slot *s, int i)
     return m->tail.len > 0 && !(s->wrote & (i ? FI_WROTE_OUTPUTS : FI_WROTE_INPUTS));
 }
 
-/* Appends to fd the chunks of s's missing manifests that no write-out packed yet (fired 0),
- * marking them with k. */
-static int pack_slot(int fd, const fi_ring_slot *s, uint64_t k, long long *packed)
+/* A pack being written: its descriptor, the bytes of whole records, the records. */
+typedef struct {
+    int fd;
+    off_t end;
+    long long packed;
+    int err; /* errno of the first chunk that could not be written, 0 when none */
+} pack_out;
+
+/* Appends to the pack the chunks of s's missing manifests not in it yet, marking them with
+ * k. A chunk the disk refuses is cut off again (the pack keeps
+ * whole records only) and the call's other chunks are left: the call is lost, the calls
+ * after it may still fit. -1 only when the pack cannot be cut back. */
+static int pack_slot(pack_out *p, const fi_ring_slot *s, uint64_t k)
 {
     for (int i = 0; i < 2; i++) {
         if (!manifest_missing(s, i))
@@ -194,53 +204,25 @@ static int pack_slot(int fd, const fi_ring_slot *s, uint64_t k, long long *packe
         fi_chunk *c;
         FOR_CHUNKS(m, c)
         {
-            if (c->fired)
+            if (c->fired == k)
                 continue;
-            if (fi_chunk_pack_write(fd, c, c->data) < 0)
-                return -1;
+            if (fi_chunk_pack_write(p->fd, c, c->data) < 0) {
+                if (!p->err)
+                    p->err = errno ? errno : EIO;
+                return ftruncate(p->fd, p->end) < 0 || lseek(p->fd, p->end, SEEK_SET) < 0 ? -1 : 0;
+            }
             c->fired = k;
-            (*packed)++;
+            p->end += FI_PACK_HEADER + (off_t)c->len;
+            p->packed++;
         }
     }
     return 0;
 }
 
-/* The compact layout: every chunk the READY calls' manifests to be written need that no
- * earlier write-out packed, each once, in one pack ROOT/chunks/PREFIX<k>.pack written (and
- * fsync'd) before any manifest names it. A chunk is marked with the write-out that packed
- * it (fired), so that a later write-out of the same calls (one that waited for a signal's)
- * packs only the rest and names both packs. On failure the pack is removed, its chunks
- * unmarked, and errno set. */
-static int write_pack(fi_ring *r, uint64_t k)
+/* Unmarks the chunks a failed pack k held: nothing on disk holds them. */
+static void unmark(fi_ring *r, uint64_t k)
 {
-    char name[128], dir[PATH_MAX], path[PATH_MAX];
-    if (pack_name(name, sizeof name, r, k) < 0 || join3(dir, r->root, "/chunks", "") < 0 ||
-        make_dirs(dir) < 0 || join3(path, dir, "/", name) < 0)
-        return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -1;
-    int rc = 0;
-    long long packed = 0;
-    for (long long i = 0; rc == 0 && i < r->n; i++) {
-        const fi_ring_slot *s = &r->slots[i];
-        if (s->generation && atomic_load(&s->state) == FI_SLOT_READY &&
-            pack_slot(fd, s, k, &packed) < 0)
-            rc = -1;
-    }
-    if (rc == 0 && fsync(fd) < 0)
-        rc = -1;
-    int err = errno;
-    if (close(fd) < 0 && rc == 0) {
-        rc = -1;
-        err = errno;
-    }
-    if (rc == 0 && packed == 0)
-        unlink(path); /* every chunk is in an earlier pack: no manifest names this one */
-    if (rc == 0)
-        return 0;
-    unlink(path);
-    for (long long i = 0; i < r->n; i++) { /* nothing on disk holds them: unmark */
+    for (long long i = 0; i < r->n; i++) {
         const fi_ring_slot *s = &r->slots[i];
         for (int j = 0; s->generation && j < 2; j++) {
             const fi_ring_manifest *m = j ? &s->files.cout : &s->files.cin;
@@ -252,57 +234,86 @@ static int write_pack(fi_ring *r, uint64_t k)
             }
         }
     }
-    errno = err;
+}
+
+static fi_ring_slot *ready_slot(fi_ring *r, long long g);
+
+/* The compact layout: every chunk the READY calls' manifests to be written need, each once,
+ * in one pack ROOT/chunks/PREFIX<k>.pack written (and fsync'd) before any manifest names it,
+ * in the order the calls are written (the call of first, then newest first): when the disk
+ * fills up, what is lost is the oldest. A manifest names one pack (its chunks' references
+ * were built at call time with pack index 0), so a later write-out of the same calls (one
+ * that waited for a signal's) packs again the chunks its manifests need; a chunk is marked
+ * with the last write-out that packed it (fired), and a call with a chunk not in pack k is
+ * lost with *err (write_slot). -1 (errno set; its chunks unmarked, the pack removed) when
+ * the pack cannot be written at all. */
+static int write_pack(fi_ring *r, uint64_t k, long long first, int *err)
+{
+    char name[128], dir[PATH_MAX], path[PATH_MAX];
+    *err = 0;
+    if (pack_name(name, sizeof name, r, k) < 0 || join3(dir, r->root, "/chunks", "") < 0 ||
+        make_dirs(dir) < 0 || join3(path, dir, "/", name) < 0)
+        return -1;
+    pack_out p = {open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), 0, 0, 0};
+    if (p.fd < 0)
+        return -1;
+    int rc = 0;
+    fi_ring_slot *s = ready_slot(r, first);
+    if (s)
+        rc = pack_slot(&p, s, k);
+    long long newest = atomic_load(&r->generation);
+    for (long long g = newest; rc == 0 && g > 0 && g > newest - r->n; g--)
+        if (g != first && (s = ready_slot(r, g)))
+            rc = pack_slot(&p, s, k);
+    if (rc == 0 && fsync(p.fd) < 0)
+        rc = -1;
+    int e = errno;
+    if (close(p.fd) < 0 && rc == 0) {
+        rc = -1;
+        e = errno;
+    }
+    *err = p.err;
+    if (rc == 0)
+        return 0;
+    unlink(path);
+    unmark(r, k);
+    errno = e;
     return -1;
 }
 
-/* The head of a manifest of m (the compact layout, docs/dump-format.md) in buf: the packs
- * its chunks were written to, each once. Its length, 0 (errno set) when it does not fit or
- * a chunk is in no pack. */
-static size_t manifest_head(char *buf, size_t cap, const fi_ring *r, const fi_ring_manifest *m)
+/* The head of a manifest of m (the compact layout, docs/dump-format.md) in buf, naming
+ * pack k, which must hold every chunk of m. Its length, 0 (errno set) when it does not fit
+ * or a chunk is not in pack k (errno pack_err: why the pack lacks it). */
+static size_t manifest_head(char *buf, size_t cap, const fi_ring *r, const fi_ring_manifest *m,
+                            uint64_t k, int pack_err)
 {
-    uint64_t packs[32];
-    size_t np = 0, len = 0;
     fi_chunk *c;
     FOR_CHUNKS(m, c)
     {
-        size_t j = 0;
-        while (j < np && packs[j] != c->fired)
-            j++;
-        if (j < np)
-            continue;
-        if (!c->fired || np == sizeof packs / sizeof packs[0]) {
-            errno = c->fired ? E2BIG : EIO;
+        if (c->fired != k) {
+            errno = pack_err ? pack_err : EIO;
             return 0;
         }
-        packs[np++] = c->fired;
     }
     char name[128];
-    const char *start = "{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [";
-    if (assemble(buf, cap, &len, &start, 1) < 0)
-        goto too_long;
-    for (size_t j = 0; j < np; j++) {
-        if (pack_name(name, sizeof name, r, packs[j]) < 0)
-            return 0;
-        const char *parts[] = {j ? ", \"" : "\"", name, "\""};
-        if (assemble(buf, cap, &len, parts, 3) < 0)
-            goto too_long;
+    if (pack_name(name, sizeof name, r, k) < 0)
+        return 0;
+    size_t len = 0;
+    const char *parts[] = {"{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [\"",
+                           name, "\"], "};
+    if (assemble(buf, cap, &len, parts, 3) < 0) {
+        errno = ENAMETOOLONG;
+        return 0;
     }
-    const char *end = "], ";
-    if (assemble(buf, cap, &len, &end, 1) < 0)
-        goto too_long;
     return len;
-too_long:
-    errno = ENAMETOOLONG;
-    return 0;
 }
 
 /* ------------------------------------------------------------------- one call */
 
 /* Writes what is missing of s's call: a new directory whole under its temporary name, then
  * renamed; one written before gets the files and records it lacks. Its tensors are tensor
- * files, or manifests naming the packs that hold their chunks (pack_err: the errno of this
- * write-out's pack, 0 when it was written). Records go to session_fd too (-1: none).
+ * files, or manifests naming the packs that hold their chunks (pack_err: why this
+ * write-out's pack lacks some, 0 when it lacks none). Records go to session_fd too (-1: none).
  * Returns 1 written, 0 nothing was missing, -1 failed (errno set; nothing of this call is
  * left under a name readers take). */
 static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pack_err)
@@ -329,17 +340,14 @@ static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pac
     } else if (join3(dir, s->dir, "", "") < 0) {
         return -1;
     }
-    char head[4096];
+    char head[512];
     for (int i = 0; i < 2; i++) {
         if (!(missing & bits[i]))
             continue;
         if (manifests[i]->tail.len > 0) { /* its chunks are in the packs (write_pack) */
             size_t head_len = 0;
-            if (pack_err) {
-                errno = pack_err;
-                goto fail;
-            }
-            if (!(head_len = manifest_head(head, sizeof head, r, manifests[i])) ||
+            if (!(head_len = manifest_head(head, sizeof head, r, manifests[i], r->packs_written,
+                                           pack_err)) ||
                 write_whole2(dir, chunk_names[i], head, head_len, manifests[i]->tail.data,
                              manifests[i]->tail.len) < 0)
                 goto fail;
@@ -600,7 +608,7 @@ int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, lo
     /* the compact layout: the chunks first, in this write-out's pack; a call whose manifests
      * cannot name them is lost with the pack's errno */
     int pack_err = 0;
-    if (r->store && write_pack(r, ++r->packs_written) < 0)
+    if (r->store && write_pack(r, ++r->packs_written, first, &pack_err) < 0)
         pack_err = errno ? errno : EIO;
     /* the triggering call first, then the calls before it, newest first: when the disk
      * fills up, what is lost is the oldest */

@@ -15,10 +15,10 @@
 typedef struct fi_chunk {
     fi_chunk_hash hash;
     uint32_t len;
-    uint64_t id;    /* unique in its store, never reused: what manifests name */
-    int64_t refs;   /* references held by recorded calls */
-    char *data;     /* the bytes, or NULL where the store keeps none (written to a pack) */
-    int64_t pack;   /* the pack it was last written to (fi_chunk_pack_*), or -1 */
+    uint64_t id;      /* unique in its store, never reused: what manifests name */
+    int64_t refs;     /* references held by recorded calls */
+    char *data;       /* the bytes, or NULL where the store keeps none (written to a pack) */
+    int64_t pack;     /* the pack it was last written to (fi_chunk_pack_*), or -1 */
     uint64_t fired;   /* the ring's last write-out that wrote it */
     uint64_t counted; /* the ring's mark of the last count that counted it */
     struct fi_chunk *next;
