@@ -62,7 +62,10 @@ def run(
     free = torch.randperm(pages, generator=gen).tolist()
     lengths = [tokens + i for i in range(batch)]
     tables = [[free.pop() for _ in range((n + page_size - 1) // page_size)] for n in lengths]
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024), "NHD")
+    # the workspace as serving engines allocate it: uint8 (FlashInfer's examples); a float
+    # torch.empty may hold NaN bit patterns, which fire nan_input at __init__ by chance
+    workspace = torch.empty(4096, dtype=torch.uint8)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
     outs = []
     for step in range(steps):
         for b in range(batch):
