@@ -131,8 +131,9 @@ static fi_ring *ring_of(fi_recorder *rec)
     if (rec->ring)
         return rec->ring;
     const fi_config *c = rec->cfg;
-    fi_ring *r = fi_ring_new(c->ring, c->dump_dir, budget_bytes(c), c->max_triggers,
-                             c->safetensors ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH, rec->compact);
+    fi_ring *r =
+        fi_ring_new(c->ring, c->dump_dir, budget_bytes(c), c->max_triggers,
+                    c->safetensors ? FI_DUMP_EXT_SAFETENSORS : FI_DUMP_EXT_TORCH, rec->compact);
     if (!r) {
         PyErr_NoMemory();
         return NULL;
