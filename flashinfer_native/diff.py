@@ -21,7 +21,7 @@ import re
 from . import dumpdir
 from .calls import session_calls
 from .compare import tensor_difference
-from .repro import is_workspace, parameter_of, parse_signature
+from .repro import is_scratch, parameter_of, parse_signature
 from .terminal import brief
 
 __all__ = ["diff_sessions", "tensor_difference"]
@@ -30,7 +30,7 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 
 # Input tensors whose content before the call is undefined (torch.empty buffers the
 # call writes or uses as scratch): compared, reported, never counted as divergence.
-# These output buffers and the workspaces of repro.WORKSPACE_PARAMETERS.
+# These output buffers and the scratch parameters of repro.SCRATCH_PARAMETERS.
 SCRATCH_OUTPUTS = ("out", "lse")
 
 
@@ -71,38 +71,37 @@ def _side(call):
     return {"dir": call.dir_name, "pid": call.pid, "status": call.status}
 
 
-def _tensors(call, record, stem, listed_key):
-    """The inputs/outputs tensors of a call ({} when it has none); raises on a bad file."""
-    path = dumpdir.tensor_file(call.path, stem, record)
-    if path is None:
-        listed = (record.get("tensor_info") or {}).get(listed_key) or []
-        if listed:
-            raise FileNotFoundError(f"{call.path}: {stem} file is missing")
-        return {}
-    return dumpdir.load_tensor_file(path)
+def _tensors(call, record, stem):
+    """The inputs/outputs tensors of a call ({} when it has none), without the inputs it
+    records as scratch; raises on a bad file."""
+    return dumpdir.load_call_tensors(call.path, stem, record, scratch=False)[0]
 
 
-def _scratch(key, params):
+def _scratch(key, params, api):
     name = parameter_of(key, params)
-    return name in SCRATCH_OUTPUTS or is_workspace(name)
+    return name in SCRATCH_OUTPUTS or is_scratch(api, name)
 
 
-def _compare_tensor_sets(ta, tb, what, rtol, atol, params=()):
+def _compare_tensor_sets(ta, tb, what, rtol, atol, params=(), marked=(), api=None):
     """(per-tensor results, divergence lines) for two dicts of tensors.
 
     Inputs bound to a scratch parameter (``SCRATCH_OUTPUTS`` or a workspace, found
-    through the recorded signature ``params``) are reported with ``scratch: true`` and
-    never diverge.
+    through the recorded signature ``params`` of the API ``api``) are reported with ``scratch: true`` and
+    never diverge; so are the keys ``marked`` (recorded as scratch by either side,
+    docs/dump-format.md#scratch-tensors), which are not compared.
     """
     results, lines = [], []
-    for key in sorted(set(ta) | set(tb)):
+    for key in sorted(set(ta) | set(tb) | set(marked)):
+        if key in marked:
+            results.append({"key": key, "scratch": True, "diverged": False})
+            continue
         if key not in ta or key not in tb:
             lines.append(f"{what} {key}: only in {'A' if key in ta else 'B'}")
             results.append({"key": key, "diverged": True, "only_in": "A" if key in ta else "B"})
             continue
         result = dict(key=key, **tensor_difference(ta[key], tb[key], rtol, atol))
         results.append(result)
-        if what == "input" and _scratch(key, params):
+        if what == "input" and _scratch(key, params, api):
             result.update(scratch=True, diverged=False)
         elif result.get("reason"):
             lines.append(f"{what} {key}: {result['reason']}")
@@ -131,9 +130,19 @@ def _compare_side(ca, cb, ra, rb, what, rtol, atol, params, reasons):
     Appends the divergence lines to ``reasons``; returns the per-tensor results."""
     key = f"{what}_metadata"
     reasons += _metadata_differences(ra.get(key) or {}, rb.get(key) or {}, what)
-    stem, listed = f"{what}s", f"{what}_tensor_keys"
+    stem = f"{what}s"
+    marked = (
+        set(dumpdir.scratch_keys(ra)) | set(dumpdir.scratch_keys(rb)) if what == "input" else ()
+    )
     results, lines = _compare_tensor_sets(
-        _tensors(ca, ra, stem, listed), _tensors(cb, rb, stem, listed), what, rtol, atol, params
+        _tensors(ca, ra, stem),
+        _tensors(cb, rb, stem),
+        what,
+        rtol,
+        atol,
+        params,
+        marked,
+        ra.get("function_name"),
     )
     reasons += lines
     return results

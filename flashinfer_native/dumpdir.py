@@ -21,6 +21,7 @@ __all__ = [
     "CHUNKS_SUFFIX",
     "METADATA_FILE",
     "find_dump_dirs",
+    "load_call_tensors",
     "load_tensor_file",
     "load_tensors",
     "open_regular",
@@ -30,6 +31,9 @@ __all__ = [
     "read_session",
     "record_type_problem",
     "refuse_link",
+    "scratch_keys",
+    "scratch_specs",
+    "scratch_tensors",
     "size_text",
     "tensor_file",
 ]
@@ -254,6 +258,120 @@ def tensor_file(dump_dir, stem, record):
         if os.path.lexists(path):
             return path
     return None
+
+
+# ------------------------------------------------------------ scratch tensors
+
+_DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def scratch_keys(record):
+    """The input keys a record marks as scratch (``"scratch": true`` in ``tensor_details``,
+    docs/dump-format.md#scratch-tensors), in the order ``input_tensor_keys`` lists them."""
+    details = record.get("tensor_details")
+    listed = (record.get("tensor_info") or {}).get("input_tensor_keys") or []
+    if not isinstance(details, dict):
+        return []
+    return [
+        k for k in listed if isinstance(details.get(k), dict) and details[k].get("scratch") is True
+    ]
+
+
+def _scratch_shape(shape):
+    if not isinstance(shape, list) or len(shape) > rec.MAX_SCRATCH_DIMS:
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return None
+    return tuple(shape)
+
+
+def scratch_specs(record, where):
+    """``{key: (shape, dtype)}`` of the inputs a record marks as scratch, checked.
+
+    The record is untrusted: the shape must be a list of at most ``record.MAX_SCRATCH_DIMS``
+    non-negative integers of at most ``record.MAX_SCRATCH_BYTES`` bytes, the dtype one of
+    torch's.
+
+    Raises
+    ------
+    ValueError
+        One line naming ``where``, the key and the problem.
+    """
+    out = {}
+    for key in scratch_keys(record):
+        d = record["tensor_details"][key]
+        problem = f"{where}: tensor_details[{key!r}]: scratch tensor"
+        dtype = _DTYPES.get(d.get("dtype")) if isinstance(d.get("dtype"), str) else None
+        if dtype is None:
+            raise ValueError(f"{problem} has an unknown torch dtype {str(d.get('dtype'))[:60]!r}")
+        shape = _scratch_shape(d.get("shape"))
+        if shape is None:
+            raise ValueError(
+                f"{problem} shape {str(d.get('shape'))[:60]} is not a list of at most "
+                f"{rec.MAX_SCRATCH_DIMS} non-negative integers"
+            )
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > rec.MAX_SCRATCH_BYTES:
+            raise ValueError(
+                f"{problem} of {nbytes} bytes is larger than the {rec.MAX_SCRATCH_BYTES} "
+                "a reader makes"
+            )
+        out[key] = (shape, dtype)
+    return out
+
+
+def scratch_tensors(record, where, device="cpu"):
+    """Fresh zero tensors for the inputs a record marks as scratch, ``{key: tensor}``.
+
+    A scratch input is recorded as its shape and dtype only (the tensor file holds a zero
+    view of it, or nothing); replay, diff and report read it as a new contiguous zero tensor
+    of that shape and dtype on ``device`` (:func:`scratch_specs` checks the record).
+    """
+    return {
+        key: torch.zeros(shape, dtype=dtype, device=device)
+        for key, (shape, dtype) in scratch_specs(record, where).items()
+    }
+
+
+def load_call_tensors(dump_dir, stem, record, device="cpu", scratch=True):
+    """A call's inputs or outputs (``stem``): ``({key: tensor}, path)``.
+
+    The file (``tensor_file``) is checked against the keys ``tensor_info`` lists, and the
+    inputs the record marks as scratch are fresh zero tensors on ``device``
+    (:func:`scratch_tensors`), or, with ``scratch=False``, left out (the caller makes them
+    from :func:`scratch_specs`); the other tensors are as the file holds them, on the CPU.
+    ``({}, None)`` when the call has no such file and lists no tensors.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        The file is missing, unreadable or lacks a listed key, or a scratch entry is
+        refused; the message names the file.
+    """
+    where = os.path.join(os.fspath(dump_dir), METADATA_FILE)
+    list_name = "input_tensor_keys" if stem == "inputs" else "output_tensor_keys"
+    listed = (record.get("tensor_info") or {}).get(list_name) or []
+    made = {}
+    if stem == "inputs":
+        made = scratch_tensors(record, where, device) if scratch else scratch_specs(record, where)
+    path = tensor_file(dump_dir, stem, record)
+    if path is None:
+        stored = [k for k in listed if k not in made]
+        if stored:
+            raise FileNotFoundError(
+                f"{dump_dir}: {stem} file ({stem}.pt or {stem}.safetensors) is missing "
+                f"but metadata lists tensors {stored[:5]}"
+            )
+        return (made if scratch else {}), None
+    tensors = load_tensor_file(path)
+    missing = [key for key in listed if key not in tensors and key not in made]
+    if missing:
+        raise ValueError(f"{path}: tensors {missing[:5]} listed in metadata are missing")
+    for key in made:
+        tensors.pop(key, None)
+    if scratch:
+        tensors.update(made)
+    return tensors, path
 
 
 # ------------------------------------------------------------------ call order

@@ -94,6 +94,10 @@ MAX_COUNT = (1 << 63) - 1
 # last moment a clock can print.
 MAX_EPOCH_SECONDS = 253402300799.0
 MAX_DURATION_SECONDS = 1e9
+# A scratch tensor (docs/dump-format.md#scratch-tensors) a reader makes afresh from its
+# recorded shape: at most 2^40 bytes (the compact layout's span bound) and 64 dimensions.
+MAX_SCRATCH_BYTES = 1 << 40
+MAX_SCRATCH_DIMS = 64
 
 # ----------------------------------------------------------------------- grammar
 

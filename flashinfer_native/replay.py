@@ -16,7 +16,7 @@ from . import _C, jit_args, reference, registry
 from . import record as rec
 from .calls import NoDumpError, load_session
 from .compare import tensors_differ
-from .dumpdir import METADATA_FILE, load_tensor_file, read_metadata, tensor_file
+from .dumpdir import METADATA_FILE, load_call_tensors, read_metadata
 from .terminal import brief
 
 __all__ = ["reference_entry", "replay_from_dump", "replay_sequence", "suspended_dumps"]
@@ -37,21 +37,10 @@ def _to_device(tensor, device):
     return moved
 
 
-def _load_tensors(dump_dir, stem, record, key_list_name, device):
-    """Load inputs or outputs of a dump; checks the keys listed in ``tensor_info``."""
-    listed = (record.get("tensor_info") or {}).get(key_list_name) or []
-    path = tensor_file(dump_dir, stem, record)
-    if path is None:
-        if listed:
-            raise FileNotFoundError(
-                f"{dump_dir}: {stem} file ({stem}.pt or {stem}.safetensors) is missing "
-                f"but metadata lists tensors {listed[:5]}"
-            )
-        return {}, None
-    tensors = load_tensor_file(path)
-    missing = [key for key in listed if key not in tensors]
-    if missing:
-        raise ValueError(f"{path}: tensors {missing[:5]} listed in metadata are missing")
+def _load_tensors(dump_dir, stem, record, device):
+    """Load inputs or outputs of a dump onto ``device``: the keys listed in
+    ``tensor_info`` checked, scratch inputs made afresh (``dumpdir.load_call_tensors``)."""
+    tensors, path = load_call_tensors(dump_dir, stem, record, device)
     return {key: _to_device(t, device) for key, t in tensors.items()}, path
 
 
@@ -339,7 +328,7 @@ def replay_from_dump(
     with suspended_dumps():
         if run:
             registry.import_allowed(allow_modules)
-        tensors, _ = _load_tensors(dump_dir, "inputs", last, "input_tensor_keys", device)
+        tensors, _ = _load_tensors(dump_dir, "inputs", last, device)
         arguments = rec.decode_inputs(last.get("input_metadata") or {}, tensors, where)
         builder = _Builder(tensors, device, where, patterns)
         args, kwargs = _build_args(arguments, builder)
@@ -348,7 +337,7 @@ def replay_from_dump(
             result["incomplete"] = True
         expected = None
         if compare_outputs:
-            out_tensors, _ = _load_tensors(dump_dir, "outputs", last, "output_tensor_keys", device)
+            out_tensors, _ = _load_tensors(dump_dir, "outputs", last, device)
             expected_metadata = last.get("output_metadata") or {}
             result["expected_tensors"] = out_tensors
             result["expected_metadata"] = expected_metadata

@@ -116,17 +116,26 @@ def _stats_text(stats):
 
 
 def _tensor_rows(call, record, role, stem, counts):
-    """One table row per tensor of a call's inputs or outputs file; adds the NaN and Inf
-    counts to ``counts``."""
-    path = dumpdir.tensor_file(call.path, stem, record)
-    if path is None:
-        return []
+    """One table row per tensor of a call's inputs or outputs file, and per input recorded
+    as scratch (its shape and dtype, docs/dump-format.md#scratch-tensors); adds the NaN and
+    Inf counts to ``counts``."""
+    where = os.path.join(call.path, dumpdir.METADATA_FILE)
     try:
-        tensors = dumpdir.load_tensor_file(path)
+        scratch = dumpdir.scratch_specs(record, where) if stem == "inputs" else {}
+        if dumpdir.tensor_file(call.path, stem, record) is None and not scratch:
+            return []
+        tensors = dumpdir.load_call_tensors(call.path, stem, record, scratch=False)[0]
     except (OSError, ValueError) as exc:
         return [f'<tr><td colspan="6" class="error">{_esc(exc)}</td></tr>']
     params = parse_signature(record.get("function_signature")) or []
-    rows = []
+    rows = [
+        "<tr>"
+        f"<td>{_esc(role)}</td><td><code>{_esc(_key_label(key, params))}</code></td>"
+        f"<td>{_esc(_shape_text(shape))}</td><td>{_esc(_dtype_text(dtype))}</td>"
+        '<td class="stats">scratch: recorded as shape and dtype only</td><td></td>'
+        "</tr>"
+        for key, (shape, dtype) in scratch.items()
+    ]
     for key, tensor in tensors.items():
         try:
             stats = _C.tensor_stats(tensor)

@@ -47,8 +47,11 @@ KEYWORD_ONLY = "keyword_only"
 VAR_KEYWORD = "var_keyword"
 
 # Parameters holding scratch memory whose content before the call does not matter
-# (FlashInfer's workspace buffers): the script makes them with torch.empty instead of
-# shipping their recorded bytes (often hundreds of MB).
+# (workspace buffers), for dumps that hold them whole (FlashInfer's): the core's table of
+# them, (API, parameter) pairs (docs/dump-format.md#scratch-tensors), and for APIs it does
+# not know any parameter named like a workspace. The script makes them afresh as zeros
+# instead of shipping their recorded bytes (often hundreds of MB).
+SCRATCH_PARAMETERS = frozenset((api, param) for api, param, _ in _C.SCRATCH_PARAMETERS)
 WORKSPACE_PARAMETERS = ("*workspace*",)
 
 # The reproducer's runtime (repro_runtime.py, this package's module) is copied under this
@@ -184,9 +187,14 @@ def parameter_of(key, params):
     return params[index][0] if index < len(params) else None
 
 
-def is_workspace(name):
-    """True for a parameter name of ``WORKSPACE_PARAMETERS``."""
-    return name is not None and any(fnmatch.fnmatchcase(name, p) for p in WORKSPACE_PARAMETERS)
+def is_scratch(api, name):
+    """True when parameter ``name`` of the API named ``api`` is in ``SCRATCH_PARAMETERS``
+    or is named like one of ``WORKSPACE_PARAMETERS``."""
+    if name is None:
+        return False
+    return (api, name) in SCRATCH_PARAMETERS or any(
+        fnmatch.fnmatchcase(name, p) for p in WORKSPACE_PARAMETERS
+    )
 
 
 # ---------------------------------------------------------------- value source
@@ -430,7 +438,7 @@ def _ordered_arguments(step, target, renderer):
 
     def source(key, value):
         if key in step.scratch:
-            return step.scratch[key], "workspace: made afresh, its recorded bytes are not needed"
+            return step.scratch[key], "scratch: made afresh, its recorded bytes are not needed"
         text = renderer.source(value, key)
         info = details.get(key)
         if key in step.inputs and isinstance(info, dict):
@@ -733,39 +741,42 @@ def _recorded_device(record):
     return "cuda" if "cuda" in kinds else "cpu"
 
 
-def _load_step_tensors(call, stem, key_list):
-    """The call's inputs/outputs (memory-mapped), checked against the keys it lists."""
-    path = dumpdir.tensor_file(call.path, stem, call.record)
-    listed = (call.record.get("tensor_info") or {}).get(key_list) or []
-    if path is None:
-        if listed:
-            raise FileNotFoundError(f"{call.path}: {stem} file is missing (tensors {listed[:5]})")
-        return {}
-    tensors = dumpdir.load_tensor_file(path)
-    missing = [k for k in listed if k not in tensors]
-    if missing:
-        raise ValueError(f"{path}: tensors {missing[:5]} listed in metadata are missing")
-    return tensors
+def _load_step_tensors(call, stem):
+    """The call's inputs/outputs (memory-mapped), checked against the keys it lists, without
+    the inputs it records as scratch (``dumpdir.load_call_tensors``)."""
+    return dumpdir.load_call_tensors(call.path, stem, call.record, scratch=False)[0]
 
 
-def _split_workspaces(record, tensors):
-    """(tensors to ship, {key: torch.empty source}) with workspace buffers made afresh."""
+def _zeros_source(shape, dtype, key):
+    text = str(dtype)
+    _dotted(text, f"{key}: dtype")
+    return f"torch.zeros({tuple(int(n) for n in shape)!r}, dtype={text}, device=device)"
+
+
+def _split_workspaces(call, tensors):
+    """(tensors to ship, {key: torch.zeros source}): the inputs recorded as scratch
+    (docs/dump-format.md#scratch-tensors) and workspace buffers recorded whole are made
+    afresh as zeros, the state every workspace may start in."""
+    record = call.record
+    where = os.path.join(call.path, dumpdir.METADATA_FILE)
+    scratch = {
+        key: _zeros_source(shape, dtype, key)
+        for key, (shape, dtype) in dumpdir.scratch_specs(record, where).items()
+    }
     params = parse_signature(record.get("function_signature")) or []
-    scratch = {}
     for key, tensor in tensors.items():
-        if _NESTED_KEY.search(key) or not is_workspace(parameter_of(key, params)):
+        if _NESTED_KEY.search(key) or not is_scratch(
+            record.get("function_name"), parameter_of(key, params)
+        ):
             continue
-        dtype = str(tensor.dtype)
-        _dotted(dtype, f"{key}: dtype")
-        shape = tuple(int(n) for n in tensor.shape)
-        scratch[key] = f"torch.empty({shape!r}, dtype={dtype}, device=device)"
+        scratch[key] = _zeros_source(tensor.shape, tensor.dtype, key)
     return {k: t for k, t in tensors.items() if k not in scratch}, scratch
 
 
 def _step(number, call):
     """One step of the chain: its inputs loaded, workspaces split off."""
-    inputs = _load_step_tensors(call, "inputs", "input_tensor_keys")
-    kept, scratch = _split_workspaces(call.record, inputs)
+    inputs = _load_step_tensors(call, "inputs")
+    kept, scratch = _split_workspaces(call, inputs)
     return _Step(number, call, call.record, _label(number, call.api), kept, scratch)
 
 
@@ -846,7 +857,7 @@ def reproducer(
     record = target.record
     outputs = {}
     if record.get("execution_status") == "completed" and not record.get("outputs_skipped"):
-        outputs = _load_step_tensors(target, "outputs", "output_tensor_keys")
+        outputs = _load_step_tensors(target, "outputs")
     device = device or _recorded_device(record)
     source, notes = _script_source(
         steps, outputs, str(device), rtol, atol, patterns, allow_jit_args

@@ -49,11 +49,13 @@ def run(
     stale=None,
     bad_page=None,
     seed=0,
+    workspace=None,
 ):
     """Runs the loop; returns the outputs of every run call, in order.
 
     stale(step, caches, referenced): called before each step to change pages the step does
-    not read. bad_page: an out-of-range page id given to the last sequence's table."""
+    not read. bad_page: an out-of-range page id given to the last sequence's table.
+    workspace: the wrapper's float workspace (a small one when None)."""
     gen = torch.Generator().manual_seed(seed)
     caches = [
         torch.randn(pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype)
@@ -62,9 +64,10 @@ def run(
     free = torch.randperm(pages, generator=gen).tolist()
     lengths = [tokens + i for i in range(batch)]
     tables = [[free.pop() for _ in range((n + page_size - 1) // page_size)] for n in lengths]
-    # the workspace as serving engines allocate it: uint8 (FlashInfer's examples); a float
-    # torch.empty may hold NaN bit patterns, which fire nan_input at __init__ by chance
-    workspace = torch.empty(4096, dtype=torch.uint8)
+    if workspace is None:
+        # the workspace as serving engines allocate it: uint8 (FlashInfer's examples); a float
+        # torch.empty may hold NaN bit patterns, which fire nan_input at __init__ by chance
+        workspace = torch.empty(4096, dtype=torch.uint8)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
     outs = []
     for step in range(steps):

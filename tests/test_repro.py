@@ -118,8 +118,8 @@ def test_workspace_buffers_are_made_afresh_not_shipped(mirror_session, tmp_path)
     assert "1_init_inputs.pt" not in os.listdir(out / "data")
     assert done["tensor_bytes"] < 1 << 20  # the 1 MB workspace stays behind
     assert (
-        "        float_workspace_buffer=torch.empty((1048576,), dtype=torch.int8, device=device),"
-        "  # workspace: made afresh, its recorded bytes are not needed"
+        "        float_workspace_buffer=torch.zeros((1048576,), dtype=torch.int8, device=device),"
+        "  # scratch: made afresh, its recorded bytes are not needed"
     ) in script_of(out)
 
 

@@ -248,6 +248,9 @@ int fi_config_from_env(fi_config *cfg, fi_config_warn_fn warn, void *ctx)
     long long safetensors = 0;
     env_ll("FLASHINFER_DUMP_SAFETENSORS", 0, 1, "0", &safetensors, warn, ctx);
     cfg->safetensors = (int)safetensors;
+    long long scratch = 0;
+    env_ll("FLASHINFER_DUMP_SCRATCH", 0, 1, "0", &scratch, warn, ctx);
+    cfg->dump_scratch = (int)scratch;
     if (split_patterns(getenv("FLASHINFER_DUMP_INCLUDE"), cfg->include, &cfg->n_include) < 0 ||
         split_patterns(getenv("FLASHINFER_DUMP_EXCLUDE"), cfg->exclude, &cfg->n_exclude) < 0)
         return -1;

@@ -33,6 +33,7 @@ typedef struct {
     double max_size_gb;
     long long max_count;
     int safetensors;
+    int dump_scratch;       /* FLASHINFER_DUMP_SCRATCH=1: scratch tensors recorded whole */
     long long ring;         /* FLASHINFER_DUMP_RING: calls kept (0: no ring) */
     unsigned dump_on;       /* FLASHINFER_DUMP_ON: FI_TRIGGER_* bits (0: the ring is on disk) */
     double ring_max_gb;     /* FLASHINFER_DUMP_RING_MAX_GB: the in-memory ring's budget, by

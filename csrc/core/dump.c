@@ -240,7 +240,8 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
     const fi_record_mode *mode = rec->mode;
     PyObject *input_meta = PyDict_New();
     int r = -1, placed = 0;
-    if (!input_meta || fi_dump_encode_inputs(ts, input_meta, args, nargs, kwnames) < 0)
+    if (!input_meta || fi_dump_encode_inputs(ts, input_meta, args, nargs, kwnames, api->scratch,
+                                             api->args, !rec->cfg->safetensors) < 0)
         goto done;
     if ((r = mode->admits(call, ts->bytes)) <= 0) {
         r = r < 0 ? -1 : 1;

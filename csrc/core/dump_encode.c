@@ -88,6 +88,52 @@ static int collect_tensor(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, 
     return 0;
 }
 
+/* torch.zeros((), dtype=tensor.dtype).expand(tensor.shape): a zero of the tensor's dtype
+ * broadcast to its shape (every stride 0), one element of storage on the host. */
+static PyObject *zero_view(PyObject *tensor)
+{
+    PyObject *torch = PyImport_ImportModule("torch");
+    PyObject *zeros = torch ? PyObject_GetAttrString(torch, "zeros") : NULL;
+    PyObject *dtype = zeros ? PyObject_GetAttrString(tensor, "dtype") : NULL;
+    PyObject *shape = dtype ? PyObject_GetAttrString(tensor, "shape") : NULL;
+    PyObject *args = shape ? Py_BuildValue("((()){s:O})", "dtype", dtype) : NULL;
+    PyObject *zero =
+        args ? PyObject_Call(zeros, PyTuple_GET_ITEM(args, 0), PyTuple_GET_ITEM(args, 1)) : NULL;
+    PyObject *view = zero ? PyObject_CallMethod(zero, "expand", "O", shape) : NULL;
+    Py_XDECREF(torch);
+    Py_XDECREF(zeros);
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(args);
+    Py_XDECREF(zero);
+    return view;
+}
+
+/* Adds a scratch tensor to ts under key: its tensor_details entry (the tensor's own shape,
+ * dtype, stride and device) with "scratch": true, and in the file a zero view of it (views)
+ * or nothing. Its bytes count as what the file stores. */
+static int collect_scratch(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, int views)
+{
+    fi_tensor t;
+    if (fi_tensor_meta_from_py(tensor, &t) < 0)
+        return -1;
+    PyObject *details = tensor_meta(tensor, &t, 0, key);
+    if (!details || fi_dump_dict_set(details, "scratch", Py_NewRef(Py_True)) < 0 ||
+        PyDict_SetItem(ts->details, key, details) < 0 || PyList_Append(ts->keys, key) < 0) {
+        Py_XDECREF(details);
+        return -1;
+    }
+    Py_DECREF(details);
+    if (!views)
+        return 0;
+    PyObject *view = zero_view(tensor);
+    int r = view ? PyDict_SetItem(ts->tensors, key, view) : -1;
+    Py_XDECREF(view);
+    if (r == 0 && fi_tensor_numel(&t) > 0)
+        ts->bytes += fi_dtype_size(t.dtype);
+    return r;
+}
+
 static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key);
 
 static PyObject *typed(const char *type, const char *field, PyObject *value)
@@ -242,14 +288,22 @@ void fi_dump_tensors_free(fi_dump_tensors *ts)
 }
 
 int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
-                          Py_ssize_t nargs, PyObject *kwnames)
+                          Py_ssize_t nargs, PyObject *kwnames, const fi_scratch_api *scratch,
+                          const fi_call_args *cargs, int views)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
         PyObject *key = i < nargs ? PyUnicode_FromFormat(FI_KEY_ARG "%zd", i)
                                   : PyUnicode_FromFormat(FI_KEY_KWARG "%U",
                                                          PyTuple_GET_ITEM(kwnames, i - nargs));
-        if (add_value(ts, meta, key, args[i]) < 0)
+        int r;
+        if (scratch && cargs && fi_is_tensor(args[i]) && fi_scratch_arg(scratch, cargs, i)) {
+            r = key ? collect_scratch(ts, key, args[i], views) : -1;
+            Py_XDECREF(key);
+        } else {
+            r = add_value(ts, meta, key, args[i]);
+        }
+        if (r < 0)
             return -1;
     }
     return 0;

@@ -7,6 +7,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "scratch.h"
+
 /* The tensors of one tensor file (inputs or outputs), gathered while encoding. */
 typedef struct {
     PyObject *tensors; /* key -> tensor, for the tensor file */
@@ -22,9 +24,14 @@ int fi_dump_tensors_init(fi_dump_tensors *ts);
 void fi_dump_tensors_free(fi_dump_tensors *ts);
 
 /* input_metadata of a vectorcall (keys arg_N, kwarg_NAME) into meta; top-level tensors
- * go to ts instead, nested ones to both. -1 with an exception set. */
+ * go to ts instead, nested ones to both. A top-level tensor bound to a scratch parameter of
+ * scratch (NULL: none; named through cargs) is recorded as its shape and dtype: its
+ * tensor_details entry says "scratch": true, and the file holds, when views is set, a zero
+ * of its dtype broadcast to its shape, else nothing (docs/dump-format.md#scratch-tensors).
+ * -1 with an exception set. */
 int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
-                          Py_ssize_t nargs, PyObject *kwnames);
+                          Py_ssize_t nargs, PyObject *kwnames, const fi_scratch_api *scratch,
+                          const fi_call_args *cargs, int views);
 
 /* output_metadata of a result (key result, or result_N for a tuple) the same way. */
 int fi_dump_encode_outputs(fi_dump_tensors *ts, PyObject *meta, PyObject *result);

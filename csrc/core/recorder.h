@@ -59,6 +59,10 @@ typedef struct {
     PyObject *func;           /* the wrapped callable (module, qualname) */
     PyObject *signature_text; /* str(inspect.signature(func)) or None */
     PyObject *self;           /* the bound object for methods, else NULL */
+    /* its scratch parameters (scratch.h), recorded as shape and dtype only; NULL when it
+     * has none or FLASHINFER_DUMP_SCRATCH=1 */
+    const struct fi_scratch_api *scratch;
+    const fi_call_args *args; /* the call's arguments by name, for scratch */
 } fi_dump_api;
 
 /* Before the call: the caps, the inputs file, metadata line 1. Returns NULL when the call

@@ -13,6 +13,7 @@
 #include "logger.h"
 #include "module.h"
 #include "recorder.h"
+#include "scratch.h"
 #include "strbuf.h"
 #include "tensor.h"
 
@@ -48,8 +49,9 @@ typedef struct {
     PyObject *signature_text; /* str(inspect.signature(func)) or None */
     Py_ssize_t nparams;
     param_info *params;
-    const fi_pages_api *pages; /* what it reads of a paged KV cache (pages.h), or NULL */
-    PyObject **pos_names;      /* the positional parameters' names (borrowed from params) */
+    const fi_pages_api *pages;     /* what it reads of a paged KV cache (pages.h), or NULL */
+    const fi_scratch_api *scratch; /* its scratch parameters (scratch.h), or NULL */
+    PyObject **pos_names;          /* the positional parameters' names (borrowed from params) */
     Py_ssize_t npos;
     PyObject *cached_type;     /* class of the last call's first argument ... */
     PyObject *cached_api_name; /* ... and its "Cls.method", or None for the bare name */
@@ -428,7 +430,9 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
     fi_buf b;
     fi_buf_init(&b);
     if (detailed && level >= 10 && !fi_logger_dumps_suspended(lg)) {
-        fi_dump_api api = {name, w->func, w->signature_text, self};
+        fi_dump_api api = {
+            name,  w->func, w->signature_text, self, lg->cfg.dump_scratch ? NULL : w->scratch,
+            &cargs};
         dump = fi_dump_begin(&lg->rec, &call, &api, args, nargs, kwnames);
     }
     /* levels 3+ log nothing at all for a call the include/exclude filters leave out
@@ -560,12 +564,13 @@ static int parse_params(fi_wrapper *w, PyObject *params)
     return 0;
 }
 
-/* The page-table knowledge of the wrapped function, and its positional parameter names to
- * find the page tables among a call's arguments. */
+/* The page-table and scratch knowledge of the wrapped function, and its positional
+ * parameter names to find those parameters among a call's arguments. */
 static int find_pages(fi_wrapper *w)
 {
     w->pages = fi_pages_api_of(w->func);
-    if (!w->pages)
+    w->scratch = fi_scratch_api_of(w->func);
+    if (!w->pages && !w->scratch)
         return 0;
     w->pos_names = PyMem_Calloc((size_t)(w->nparams ? w->nparams : 1), sizeof(PyObject *));
     if (!w->pos_names) {
