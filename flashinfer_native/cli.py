@@ -333,7 +333,9 @@ def replay(
 
         source = click.get_current_context().get_parameter_source
         given = {n: v for n, v in (("rtol", rtol), ("atol", atol)) if source(n).name != "DEFAULT"}
-        entries = [(call.path, [call.record] if call.record else None) for call, _ in selected]
+        entries = [
+            (call.path, [call.record] if call.record else None, setup) for call, setup in selected
+        ]
         status = replay_against_reference(
             dump_dir,
             entries,

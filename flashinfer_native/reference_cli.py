@@ -38,8 +38,9 @@ def _how(outcome):
     return f"reference {template}"
 
 
-def call_line(index, result, status, color=False):
-    """The summary line of one call (and its indented detail lines)."""
+def call_line(index, result, status, color=False, setup=False):
+    """The summary line of one call (and its indented detail lines); a call the filters
+    pulled in to set up a selected one ends in ``[setup]``, as plain replay's do."""
     name = (result.get("metadata") or {}).get("function_name", "unknown")
     mark, colour = _MARKS[status]
     outcome = result.get("reference") or {}
@@ -57,7 +58,11 @@ def call_line(index, result, status, color=False):
         text = mark
     styled = click.style(text, fg=colour) if color else text
     dir_name = os.path.basename(result.get("dump_dir", ""))
-    return f"[{index}] {name} ({dir_name}): {styled}"
+    return f"[{index}] {name} ({dir_name}): {styled}" + (" [setup]" if setup else "")
+
+
+def _setup_counts(counts):
+    return {k[6:]: n for k, n in sorted(counts.items()) if k.startswith("setup ") and n}
 
 
 def summary_line(counts):
@@ -71,10 +76,14 @@ def summary_line(counts):
         text += f", {counts['incomplete']} incomplete"
     if counts["skipped"]:
         text += f", {counts['skipped']} skipped (metadata only)"
+    setup = _setup_counts(counts)
+    if setup:
+        parts = ", ".join(f"{n} {status.replace('_', ' ')}" for status, n in setup.items())
+        text += f"; {sum(setup.values())} setup calls ({parts})"
     return text
 
 
-def _report_entry(index, result, status):
+def _report_entry(index, result, status, setup=False):
     metadata = result.get("metadata") or {}
     entry = {
         "index": index,
@@ -82,6 +91,8 @@ def _report_entry(index, result, status):
         "dump_dir": result.get("dump_dir"),
         "status": status,
     }
+    if setup:
+        entry["setup"] = True
     if status == "error":
         entry["message"] = result.get("error")
     if status == "skipped":
@@ -95,7 +106,8 @@ def _report_entry(index, result, status):
 def replay_against_reference(
     dump_dir, entries, single, device, thresholds, json_path, verbose, allow
 ):
-    """Check ``entries`` (``(path, records)`` in call order) against their references,
+    """Check ``entries`` (``(path, records, setup)`` in call order; ``setup``: the call
+    was pulled in by the filters to set up a selected one) against their references,
     print one line per call and the summary; returns the exit status. ``allow`` is
     ``(allow_modules, allow_jit_args)``."""
     allow_modules, allow_jit_args = allow
@@ -105,19 +117,19 @@ def replay_against_reference(
     objects = {}
     counts = Counter()
     report = []
-    for index, (path, records) in enumerate(entries, 1):
+    for index, (path, records, setup) in enumerate(entries, 1):
         result = reference_entry(
             path, records, objects, device, thresholds, allow_modules, allow_jit_args
         )
         status = reference.classify(result)
-        counts[status] += 1
-        if status == "match" and result["reference"].get("method") == "property":
+        counts[f"setup {status}" if setup else status] += 1
+        if status == "match" and result["reference"].get("method") == "property" and not setup:
             counts["property"] += 1
-        _say(call_line(index, result, status))
+        _say(call_line(index, result, status, setup=setup))
         lines = (result.get("reference") or {}).get("mismatches") or []
         for line in lines if verbose else lines[:3]:
             _say(f"    {line}")
-        report.append(_report_entry(index, result, status))
+        report.append(_report_entry(index, result, status, setup))
     if not entries:
         click.echo(f"No dumps (sub-directories holding metadata.jsonl) found in {dump_dir}")
     click.echo(summary_line(counts))
@@ -142,14 +154,17 @@ def replay_against_reference(
             },
             "results": report,
         }
-        data["summary"]["total"] = len(entries)
+        data["summary"]["total"] = sum(1 for *_, setup in entries if not setup)
+        data["summary"]["setup"] = _setup_counts(counts)
         try:
             with open(json_path, "w") as f:
                 json.dump(data, f, indent=2, default=str)
                 f.write("\n")
         except OSError as exc:
             raise click.FileError(json_path, hint=exc.strerror) from None
-    failed = counts["mismatch"] + counts["error"] + counts["incomplete"]
+    failed = sum(
+        counts[prefix + k] for prefix in ("", "setup ") for k in ("mismatch", "error", "incomplete")
+    )
     return 0 if entries and not failed else 1
 
 

@@ -55,7 +55,7 @@ def run(
 
     stale(step, caches, referenced): called before each step to change pages the step does
     not read. bad_page: an out-of-range page id given to the last sequence's table.
-    workspace: the wrapper's float workspace (a small one when None)."""
+    workspace: the wrapper's workspace (4 KiB of uint8 when None)."""
     gen = torch.Generator().manual_seed(seed)
     caches = [
         torch.randn(pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype)

@@ -85,6 +85,31 @@ def test_demo_session_matches_its_references(demo_dumps, tmp_path):
     assert [d["tensor"] for d in run["differences"]] == ["output (result_0)", "lse (result_1)"]
 
 
+def test_calls_the_filters_pull_in_are_marked_setup(demo_dumps, tmp_path):
+    proc = flashinfer_cli(
+        "replay", demo_dumps, "--against", "reference", "--include", "*.run", "--json", "r.json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    init, plan, run = (
+        dump_of(demo_dumps, f"BatchDecodeWithPagedKVCacheWrapper.{m}").name
+        for m in ("__init__", "plan", "run")
+    )
+    assert proc.stdout.splitlines()[1:] == [
+        f"[1] BatchDecodeWithPagedKVCacheWrapper.__init__ ({init}): ➖ no reference: "
+        f"__init__() {CONFIGURES} [setup]",
+        f"[2] BatchDecodeWithPagedKVCacheWrapper.plan ({plan}): ➖ no reference: "
+        f"plan() {CONFIGURES} [setup]",
+        f"[3] BatchDecodeWithPagedKVCacheWrapper.run ({run}): ✅ match (reference gqa_paged_decode)",
+        "Summary: 1 match, 0 mismatch, 0 no reference, 0 error; 2 setup calls (2 no reference)",
+    ]
+    with open(tmp_path / "r.json") as f:
+        report = json.load(f)
+    assert [r.get("setup", False) for r in report["results"]] == [True, True, False]
+    assert report["summary"]["total"] == 1
+    assert report["summary"]["setup"] == {"no_reference": 2}
+
+
 def test_a_perturbed_output_is_a_mismatch_naming_the_tensor(demo_dumps, tmp_path):
     root = tmp_path / "dumps"
     shutil.copytree(demo_dumps, root)
