@@ -27,7 +27,8 @@ import uuid
 import torch
 
 from . import _C, reference, registry
-from .dumpdir import METADATA_FILE, ordered_dumps
+from .calls import load_session
+from .dumpdir import METADATA_FILE
 
 __all__ = ["BENCH_VERSION", "export_bench"]
 
@@ -147,13 +148,14 @@ def _workload_inputs(template, definition, arguments):
 
 
 def export_bench(root, out, allow_modules=None):
-    """Write every completed call of a traced API under ``root`` as a flashinfer-bench
-    workload under ``out`` (created).
+    """Write every completed call of a traced API of the session ``root`` (a dump root or
+    one call's directory, read by ``calls.load_session``) as a flashinfer-bench workload
+    under ``out`` (created).
 
     Raises
     ------
     ValueError
-        ``out`` exists and is not empty.
+        ``out`` exists and is not empty, or ``root`` holds no dump (``NoDumpError``).
 
     Returns
     -------
@@ -170,8 +172,8 @@ def export_bench(root, out, allow_modules=None):
     os.makedirs(out, exist_ok=True)
     state = reference.SessionState()
     written, definitions, skipped = {}, set(), []
-    for path, records in ordered_dumps(root):
-        record = records[-1] if records else {}
+    for call in load_session(root, session_file=False):
+        path, record = call.path, call.record or {}
         name = record.get("function_name")
         try:
             if record.get("execution_status") != "completed":

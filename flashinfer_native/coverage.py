@@ -9,7 +9,8 @@ import sys
 from collections import Counter
 
 from . import registry
-from .dumpdir import METADATA_FILE, ordered_dumps
+from .calls import load_session
+from .dumpdir import METADATA_FILE
 from .reference import api_templates, is_random, is_standard_check, template_name
 
 __all__ = ["session_coverage"]
@@ -59,8 +60,9 @@ def _ways(record, patterns, where, mirror):
 
 
 def session_coverage(root, allow_modules=None):
-    """Per recorded API of the session under ``root``: its call count and the ways it can
-    be checked here.
+    """Per recorded API of the session ``root`` (a dump root or one call's directory, read
+    by ``calls.load_session``): its call count and the ways it can be checked here.
+    ``NoDumpError`` (a ValueError) when it holds no dump.
 
     Returns
     -------
@@ -73,12 +75,12 @@ def session_coverage(root, allow_modules=None):
     patterns = registry.allowed_patterns(allow_modules)
     mirror = importlib.util.find_spec(f"{registry.PACKAGE}._kernels") is not None
     seen, counts = {}, Counter()
-    for path, records in ordered_dumps(root):
-        record = records[-1] if records else {}
+    for call in load_session(root, session_file=False):
+        record = call.record or {}
         api = f"{record.get('module')}.{record.get('function_name')}"
         counts[api] += 1
         if api not in seen:
-            where = f"{path}/{METADATA_FILE}"
+            where = f"{call.path}/{METADATA_FILE}"
             seen[api] = (record.get("function_name") or "?", _ways(record, patterns, where, mirror))
     totals = Counter()
     apis = []

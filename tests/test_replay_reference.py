@@ -228,6 +228,34 @@ def test_coverage_of_the_demo_session(demo_dumps, tmp_path):
     assert lines[-1] == "9 calls of 8 APIs: 9 mirror kernel, 7 reference, 0 property, 0 none"
 
 
+def test_coverage_and_export_bench_read_one_calls_directory_as_a_session(demo_dumps, tmp_path):
+    """Both take the session model (calls.load_session): one call's directory is a session
+    of one call, and a directory that holds no dump is refused."""
+    one = dump_of(demo_dumps, "single_decode_with_kv_cache")
+    proc = flashinfer_cli("dumps", one, "--coverage", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[2].split() == [
+        "single_decode_with_kv_cache", "1", "mirror", "kernel,", "reference"
+    ]  # fmt: skip
+    assert proc.stdout.splitlines()[-1] == (
+        "1 calls of 1 APIs: 1 mirror kernel, 1 reference, 0 property, 0 none"
+    )
+    proc = flashinfer_cli("dumps", one, "--export-bench", "bench", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (
+        "Wrote 1 workloads of 1 definitions to bench (flashinfer-bench 0.1.2 dataset layout)"
+    )
+    (tmp_path / "empty").mkdir()
+    for option in (["--coverage"], ["--export-bench", "out"]):
+        proc = flashinfer_cli("dumps", tmp_path / "empty", *option, cwd=tmp_path)
+        assert proc.returncode == 1
+        assert proc.stderr.splitlines() == [
+            f"Error: {tmp_path / 'empty'}: holds no dump (no metadata.jsonl in it or in a "
+            "sub-directory, no session.jsonl); pass a dump root (FLASHINFER_DUMP_DIR) or one "
+            "call's directory"
+        ]
+
+
 def test_export_bench_writes_the_dataset_layout(demo_dumps, tmp_path):
     proc = flashinfer_cli("dumps", demo_dumps, "--export-bench", "bench", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
