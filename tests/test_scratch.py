@@ -194,8 +194,9 @@ def test_a_hostile_scratch_entry_is_refused_with_one_line(session, tmp_path, cha
 def test_the_documented_table_is_the_cores():
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "dump-format.md")) as f:
         text = f.read()
+    section = text.split("### The table of scratch parameters")[1].split("\n## ")[0]
     documented = []
-    for line in text.split("### The table of scratch parameters")[1].splitlines():
+    for line in section.splitlines():
         if line.startswith("| `"):
             api, params = line.strip("|").split("|")
             for item in params.split(","):
