@@ -203,3 +203,20 @@ def test_the_documented_table_is_the_cores():
                 name, rule = item.strip().split(" (", 1)
                 documented.append((api.strip().strip("`"), name.strip("`"), rule.rstrip(")")))
     assert documented == list(_C.SCRATCH_PARAMETERS)
+
+
+def test_a_broadcast_zero_of_a_large_workspace_loads_and_a_larger_one_is_refused(tmp_path):
+    """vLLM's 128 MiB workspace is a view of 2^27 elements over one stored element: the
+    readers take a broadcast of one element up to 2^34 elements, and no further."""
+    path = str(tmp_path / "inputs.pt")
+    _C.save_tensors(path, {"arg_1": torch.zeros((), dtype=torch.uint8).expand(128 << 20)})
+    (view,) = _C.load_tensors(path).values()
+    assert view.shape == (128 << 20,) and view.stride() == (0,)
+    _C.save_tensors(path, {"arg_1": torch.zeros((), dtype=torch.uint8).expand(1 << 35)})
+    with pytest.raises(ValueError) as exc:
+        _C.load_tensors(path)
+    assert str(exc.value) == (
+        f"{path}: tensor 'arg_1': a view of 34359738368 elements over a storage of 1 elements "
+        "is refused (a view may repeat stored elements up to 64 times plus 16777216, and hold "
+        "at most 17179869184 elements)"
+    )

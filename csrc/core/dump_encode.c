@@ -9,6 +9,7 @@
 #include "format.h"
 #include "strbuf.h"
 #include "tensor.h"
+#include "tensorbytes.h"
 
 int fi_dump_dict_set(PyObject *d, const char *key, PyObject *value)
 {
@@ -124,7 +125,8 @@ static int collect_scratch(fi_dump_tensors *ts, PyObject *key, PyObject *tensor,
         return -1;
     }
     Py_DECREF(details);
-    if (!views)
+    /* the readers take a broadcast of at most FI_VIEW_MAX_ELEMENTS (tensorbytes.h) */
+    if (!views || (uint64_t)fi_tensor_numel(&t) > FI_VIEW_MAX_ELEMENTS)
         return 0;
     PyObject *view = zero_view(tensor);
     int r = view ? PyDict_SetItem(ts->tensors, key, view) : -1;

@@ -26,8 +26,9 @@ void fi_dump_tensors_free(fi_dump_tensors *ts);
 /* input_metadata of a vectorcall (keys arg_N, kwarg_NAME) into meta; top-level tensors
  * go to ts instead, nested ones to both. A top-level tensor bound to a scratch parameter of
  * scratch (NULL: none; named through cargs) is recorded as its shape and dtype: its
- * tensor_details entry says "scratch": true, and the file holds, when views is set, a zero
- * of its dtype broadcast to its shape, else nothing (docs/dump-format.md#scratch-tensors).
+ * tensor_details entry says "scratch": true, and the file holds, when views is set and it
+ * has at most FI_VIEW_MAX_ELEMENTS elements, a zero of its dtype broadcast to its shape,
+ * else nothing (docs/dump-format.md#scratch-tensors).
  * -1 with an exception set. */
 int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
                           Py_ssize_t nargs, PyObject *kwnames, const fi_scratch_api *scratch,

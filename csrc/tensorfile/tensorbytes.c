@@ -347,14 +347,27 @@ static int needs_restore(const fi_loaded_tensor *lt, uint64_t span_bytes)
     return !same && lt->data_nbytes > 0 && span_bytes <= 16 * lt->data_nbytes + 4096;
 }
 
-/* The FI_VIEW_* bound: elements of the view against the elements its storage holds. */
+/* Whether every stride of the view is 0: one element broadcast to its shape (the zero a
+ * scratch tensor is recorded as, docs/dump-format.md#scratch-tensors). */
+static int broadcast_scalar(const fi_loaded_tensor *lt)
+{
+    for (int i = 0; i < lt->ndim; i++)
+        if (lt->stride[i] != 0 && lt->shape[i] > 1)
+            return 0;
+    return 1;
+}
+
+/* The FI_VIEW_* bound: elements of the view against the elements its storage holds. One
+ * element broadcast to the whole view may reach FI_VIEW_MAX_ELEMENTS: every reader reads it
+ * once. */
 static int view_justified(const char *path, const fi_loaded_tensor *lt, uint64_t numel)
 {
     size_t isz = fi_dtype_size(lt->dtype);
     uint64_t stored = lt->data_nbytes / (isz ? isz : 1);
     if (numel <= stored)
         return 0;
-    uint64_t allowed = stored > (FI_VIEW_MAX_ELEMENTS - FI_VIEW_FREE_ELEMENTS) / FI_VIEW_REPEAT
+    uint64_t allowed = stored > (FI_VIEW_MAX_ELEMENTS - FI_VIEW_FREE_ELEMENTS) / FI_VIEW_REPEAT ||
+                               (stored > 0 && broadcast_scalar(lt))
                            ? FI_VIEW_MAX_ELEMENTS
                            : stored * FI_VIEW_REPEAT + FI_VIEW_FREE_ELEMENTS;
     if (numel <= allowed)

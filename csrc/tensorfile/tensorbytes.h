@@ -108,7 +108,8 @@ typedef struct {
  * once (a broadcast has stride 0), but its elements may exceed its storage's by at most
  * FI_VIEW_REPEAT times plus FI_VIEW_FREE_ELEMENTS, and never FI_VIEW_MAX_ELEMENTS. A
  * stride-0 view of 2^40 elements over 32 bytes would keep every reader of it busy for
- * hours. */
+ * hours. A view of one element broadcast to every position (all strides 0) may hold up to
+ * FI_VIEW_MAX_ELEMENTS: readers read its element once. */
 #define FI_VIEW_REPEAT 64ULL
 #define FI_VIEW_FREE_ELEMENTS (1ULL << 24)
 #define FI_VIEW_MAX_ELEMENTS (1ULL << 34)
