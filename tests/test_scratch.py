@@ -220,3 +220,19 @@ def test_a_broadcast_zero_of_a_large_workspace_loads_and_a_larger_one_is_refused
         "is refused (a view may repeat stored elements up to 64 times plus 16777216, and hold "
         "at most 17179869184 elements)"
     )
+
+
+def test_report_shows_the_scratch_and_diff_never_compares_it(session, tmp_path):
+    from flashinfer_native.diff import diff_sessions
+    from flashinfer_native.report import write_report
+
+    out = tmp_path / "report.html"
+    write_report(str(session), out)
+    page = out.read_text()
+    assert (
+        "<td>input</td><td><code>float_workspace_buffer (arg_1)</code></td><td>[16777216]</td>"
+        '<td>uint8</td><td class="stats">scratch: recorded as shape and dtype only</td>'
+    ) in page
+    _, entries = diff_sessions(session, session)
+    init = next(e for e in entries if e["inputs"] and e["inputs"][0]["key"] == "arg_1")
+    assert init["inputs"] == [{"key": "arg_1", "scratch": True, "diverged": False}]
