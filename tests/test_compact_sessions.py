@@ -137,5 +137,5 @@ def test_repro_diff_and_report_read_a_compact_session(recorded, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     r = runner.invoke(cli, ["diff", str(a), str(b)])
     assert "BatchDecodeWithPagedKVCacheWrapper.run" in r.output, r.output
-    r = runner.invoke(cli, ["report", str(a / run_dir)])
+    r = runner.invoke(cli, ["report", str(a / run_dir), "-o", str(tmp_path / "report.html")])
     assert r.exit_code == 0, r.output
