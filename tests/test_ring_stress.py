@@ -272,6 +272,71 @@ def test_signals_on_every_thread_during_write_outs_never_crash_the_process(tmp_p
     assert len(triggers(root)) > 36  # 4 threads x 13 exceptions, and the signals
 
 
+def test_a_signal_before_the_first_recorded_call_does_not_end_the_process(tmp_path):
+    # the handlers come with the recorder (made at import), not with the first call: before,
+    # SIGUSR1's default action ended the process here
+    body = """
+    os.kill(os.getpid(), signal.SIGUSR1)
+    h.step(torch.full((64,), 0.5), 0)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    print("alive")
+    """
+    r = run_child(
+        tmp_path,
+        body,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="signal",
+        FLASHINFER_DUMP_MAX_TRIGGERS=2,
+    )
+    assert last_line(r.stdout) == "alive"
+    root = tmp_path / "dumps"
+    fired = triggers(root)
+    assert [(t["trigger"], t["calls_written"]) for t in fired] == [("signal", 0), ("signal", 1)]
+    assert_whole_dumps(root)
+
+
+SMALL_ALT_STACK = """
+import ctypes, mmap, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+class stack_t(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+PAGE, SIZE = mmap.PAGESIZE, 16 * 1024
+base = libc.mmap(None, PAGE + SIZE, 3, 0x22, -1, 0)  # read/write, private anonymous
+assert libc.mprotect(base, PAGE, 0) == 0  # a guard page below the stack: overflow faults
+st = stack_t(base + PAGE, 0, SIZE)
+assert libc.sigaltstack(ctypes.byref(st), None) == 0
+for i in range(3):
+    h.step(torch.full((64,), i + 0.5), i)
+signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+print("alive")
+"""
+
+
+def test_a_signal_write_out_fits_a_16_kb_alternate_stack(tmp_path):
+    # faulthandler.enable() after the import gives the thread its own alternate stack of
+    # twice SIGSTKSZ; the write-out runs on it. Its path and line buffers used to be on
+    # that stack (about 17 KB) and overflowed it
+    r = run_child(
+        tmp_path,
+        SMALL_ALT_STACK,
+        FLASHINFER_DUMP_RING=4,
+        FLASHINFER_DUMP_ON="signal",
+        FLASHINFER_DUMP_LAYOUT="compact",
+    )
+    assert last_line(r.stdout) == "alive"
+    root = tmp_path / "dumps"
+    assert [(t["trigger"], t["calls_written"]) for t in triggers(root)] == [("signal", 3)]
+    assert_whole_dumps(root)
+
+
+def test_a_process_that_records_nothing_writes_nothing_at_exit(tmp_path):
+    run_child(tmp_path, "print('no call')", FLASHINFER_DUMP_RING=4, FLASHINFER_DUMP_ON="exit")
+    assert not (tmp_path / "dumps").exists()
+
+
 # ------------------------------------------------------------------------- fork
 
 FORK_DISK = """

@@ -81,10 +81,10 @@ static int write_all_raw(int fd, const char *p, size_t n)
 
 /* dir/name holding head then tail, whole or not at all: written to dir/name.tmp, fsync'd,
  * renamed into place. On failure errno is that of the failing step. */
-static int write_whole2(const char *dir, const char *name, const char *head, size_t head_len,
-                        const char *tail, size_t tail_len)
+static int write_whole2(const fi_ring *ring, const char *dir, const char *name, const char *head,
+                        size_t head_len, const char *tail, size_t tail_len)
 {
-    char path[PATH_MAX], tmp[PATH_MAX];
+    char *path = ring->scratch->file, *tmp = ring->scratch->file_tmp;
     if (join3(path, dir, "/", name) < 0 || join3(tmp, path, ".tmp", "") < 0)
         return -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -110,15 +110,16 @@ static int write_whole2(const char *dir, const char *name, const char *head, siz
     return r;
 }
 
-static int write_whole(const char *dir, const char *name, const char *data, size_t len)
+static int write_whole(const fi_ring *r, const char *dir, const char *name, const char *data,
+                       size_t len)
 {
-    return write_whole2(dir, name, data, len, "", 0);
+    return write_whole2(r, dir, name, data, len, "", 0);
 }
 
-/* mkdir -p, on a stack copy of path. */
-static int make_dirs(const char *path)
+/* mkdir -p, on a copy of path in r's scratch. */
+static int make_dirs(const fi_ring *r, const char *path)
 {
-    char p[PATH_MAX];
+    char *p = r->scratch->dirs;
     if (join3(p, path, "", "") < 0)
         return -1;
     for (char *c = p + 1; *c; c++) {
@@ -140,7 +141,7 @@ static void remove_partial(const fi_ring *r, const char *dir)
     static const char *const stems[] = {FI_DUMP_INPUTS ".", FI_DUMP_OUTPUTS "."};
     static const char *const names[] = {FI_DUMP_METADATA_FILE, "inputs.chunks.json",
                                         "outputs.chunks.json"};
-    char name[64], path[PATH_MAX];
+    char name[64], *path = r->scratch->removed;
     for (int i = 0; i < 5; i++) {
         if (i < 2 ? join3(name, stems[i], r->ext, "") < 0 : join3(name, names[i - 2], "", "") < 0)
             continue;
@@ -249,10 +250,10 @@ static fi_ring_slot *ready_slot(fi_ring *r, long long g);
  * the pack cannot be written at all. */
 static int write_pack(fi_ring *r, uint64_t k, long long first, int *err)
 {
-    char name[128], dir[PATH_MAX], path[PATH_MAX];
+    char name[128], *dir = r->scratch->pack_dir, *path = r->scratch->pack_path;
     *err = 0;
     if (pack_name(name, sizeof name, r, k) < 0 || join3(dir, r->root, "/chunks", "") < 0 ||
-        make_dirs(dir) < 0 || join3(path, dir, "/", name) < 0)
+        make_dirs(r, dir) < 0 || join3(path, dir, "/", name) < 0)
         return -1;
     pack_out p = {open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), 0, 0, 0};
     if (p.fd < 0)
@@ -330,7 +331,7 @@ static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pac
             missing |= bits[i];
     if (!fresh && !missing && s->meta_written == f->meta.len)
         return 0;
-    char dir[PATH_MAX], name[64];
+    char *dir = r->scratch->slot_dir, name[64];
     if (fresh) {
         if (partial_name(dir, r, s->dir) < 0)
             return -1;
@@ -348,7 +349,7 @@ static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pac
             size_t head_len = 0;
             if (!(head_len = manifest_head(head, sizeof head, r, manifests[i], r->packs_written,
                                            pack_err)) ||
-                write_whole2(dir, chunk_names[i], head, head_len, manifests[i]->tail.data,
+                write_whole2(r, dir, chunk_names[i], head, head_len, manifests[i]->tail.data,
                              manifests[i]->tail.len) < 0)
                 goto fail;
         }
@@ -360,11 +361,11 @@ static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pac
             goto fail;
         }
         if (join3(name, i ? FI_DUMP_OUTPUTS "." : FI_DUMP_INPUTS ".", r->ext, "") < 0 ||
-            write_whole(dir, name, images[i]->data, images[i]->len) < 0)
+            write_whole(r, dir, name, images[i]->data, images[i]->len) < 0)
             goto fail;
     }
     /* metadata.jsonl last: a directory counts as a dump once it has one */
-    if (write_whole(dir, FI_DUMP_METADATA_FILE, f->meta.data, f->meta.len) < 0)
+    if (write_whole(r, dir, FI_DUMP_METADATA_FILE, f->meta.data, f->meta.len) < 0)
         goto fail;
     if (fresh && rename(dir, s->dir) < 0)
         goto fail;
@@ -483,7 +484,7 @@ static int json_escape(char *dst, size_t cap, const char *s)
  * FI_TRIGGER_RECORD_MAX bytes. When the call's keys would make it longer (a dump directory
  * of a very long path) they are left out and "call_keys_left_out": their length says so.
  * Sets res->record and what goes with it. */
-static void write_trigger_line(int fd, const char *trigger, const char *signame,
+static void write_trigger_line(const fi_ring *r, int fd, const char *trigger, const char *signame,
                                const fi_ring_slot *call, fi_ring_result *res)
 {
     struct timespec ts;
@@ -519,16 +520,16 @@ static void write_trigger_line(int fd, const char *trigger, const char *signame,
     };
     size_t n_parts = sizeof parts / sizeof parts[0];
     /* one write(2) per part would interleave with other processes' records: assemble */
-    char line[FI_TRIGGER_RECORD_MAX];
+    char *line = r->scratch->line;
     size_t len = 0;
     res->record = FI_RECORD_WHOLE;
-    if (assemble(line, sizeof line, &len, parts, n_parts) < 0) {
+    if (assemble(line, FI_TRIGGER_RECORD_MAX, &len, parts, n_parts) < 0) {
         res->record = FI_RECORD_SHORT;
         res->keys_left_out = strlen(keys);
         parts[n_parts - 3] = ", \"call_keys_left_out\": ";
         parts[n_parts - 2] = decimal(k, (unsigned long long)res->keys_left_out, 1);
         len = 0;
-        assemble(line, sizeof line, &len, parts, n_parts); /* fits: the rest is bounded */
+        assemble(line, FI_TRIGGER_RECORD_MAX, &len, parts, n_parts); /* fits: the rest is bounded */
     }
     if (fd < 0 || write_all_raw(fd, line, len) < 0) {
         res->record_error = fd < 0 ? res->record_error : errno;
@@ -599,8 +600,8 @@ int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, lo
     res->error = res->record_error = 0;
     res->record = FI_RECORD_WHOLE;
     res->keys_left_out = 0;
-    char session[PATH_MAX];
-    if (make_dirs(r->root) < 0 || join3(session, r->root, "/", FI_DUMP_SESSION_FILE) < 0)
+    char *session = r->scratch->session;
+    if (make_dirs(r, r->root) < 0 || join3(session, r->root, "/", FI_DUMP_SESSION_FILE) < 0)
         return -1;
     int fd = open(session, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -625,7 +626,7 @@ int fi_crash_write_ring(fi_ring *r, const char *trigger, const char *signame, lo
             call = s; /* no triggering call: the trigger record names the newest */
         write_one(r, s, fd, pack_err, res, &first_done);
     }
-    write_trigger_line(fd, trigger, signame, call, res);
+    write_trigger_line(r, fd, trigger, signame, call, res);
     if (fd >= 0)
         close(fd);
     return 0;

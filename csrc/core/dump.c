@@ -56,6 +56,9 @@ int fi_recorder_init(fi_recorder *rec, const fi_config *cfg, PyObject *owner,
         return -1;
     }
     rec->fork_epoch = fi_fork_epoch();
+    /* a failure here is retried at the first recorded call; the import goes on */
+    if (cfg->level >= 10 && rec->mode->start && rec->mode->start(rec) < 0)
+        PyErr_Clear();
     return 0;
 }
 

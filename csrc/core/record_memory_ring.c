@@ -124,9 +124,10 @@ static size_t budget_bytes(const fi_config *c)
     return b >= (double)SIZE_MAX ? SIZE_MAX : (size_t)b;
 }
 
-/* The recorder's ring: made at the first recorded call, with the signal handlers and the
- * exit hook its triggers ask for. NULL with an exception set. */
-static fi_ring *ring_of(fi_recorder *rec)
+/* The recorder's ring, made when the recorder is made at level 10 (memory_start) or at the
+ * first recorded call, with the signal handlers its triggers ask for. NULL with an
+ * exception set. */
+static fi_ring *make_ring(fi_recorder *rec)
 {
     if (rec->ring)
         return rec->ring;
@@ -142,19 +143,30 @@ static fi_ring *ring_of(fi_recorder *rec)
     if ((c->dump_on & FI_TRIGGER_SIGNAL) && fi_ring_install_signals(r) < 0)
         fi_dump_log(rec, "[flashinfer] WARNING: flight recorder signal handlers not installed: %s",
                     strerror(errno));
-    if (c->dump_on & FI_TRIGGER_EXIT) {
-        PyObject *atexit = PyImport_ImportModule("atexit");
-        PyObject *method = PyObject_GetAttrString(rec->owner, "dump_ring");
-        PyObject *ok =
-            atexit && method ? PyObject_CallMethod(atexit, "register", "Os", method, "exit") : NULL;
-        Py_XDECREF(atexit);
-        Py_XDECREF(method);
-        if (!ok)
-            return NULL;
-        Py_DECREF(ok);
-    }
     return r;
 }
+
+/* The ring of a recorded call: the exit trigger is registered at the first one, so that a
+ * process that records nothing writes nothing at exit. */
+static fi_ring *ring_of(fi_recorder *rec)
+{
+    fi_ring *r = make_ring(rec);
+    if (!r || rec->exit_hooked || !(rec->cfg->dump_on & FI_TRIGGER_EXIT))
+        return r;
+    PyObject *atexit = PyImport_ImportModule("atexit");
+    PyObject *method = PyObject_GetAttrString(rec->owner, "dump_ring");
+    PyObject *ok =
+        atexit && method ? PyObject_CallMethod(atexit, "register", "Os", method, "exit") : NULL;
+    Py_XDECREF(atexit);
+    Py_XDECREF(method);
+    if (!ok)
+        return NULL;
+    Py_DECREF(ok);
+    rec->exit_hooked = 1;
+    return r;
+}
+
+static int memory_start(fi_recorder *rec) { return make_ring(rec) ? 0 : -1; }
 
 /* ------------------------------------------------------------ the mode */
 
@@ -524,6 +536,7 @@ const fi_record_mode fi_record_memory_ring = {
     .keeps_session = 0,  /* a trigger writes the calls' records there */
     .keeps_captured = 0, /* no copy may run during capture */
     .recording = memory_recording,
+    .start = memory_start,
     .admits = memory_admit,
     .inspect = memory_inspect,
     .place = memory_place,

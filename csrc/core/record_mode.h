@@ -41,6 +41,10 @@ struct fi_record_mode {
     /* Whether calls are recorded now, asked before anything is read; the first call makes the
      * mode's ring. 1 yes, 0 no, -1 error. */
     int (*recording)(fi_recorder *rec);
+    /* Called once when a level-10 recorder is made (the in-memory ring installs its signal
+     * handlers then, so that a SIGUSR1 before the first call does not end the process);
+     * NULL: nothing to do. 0, or -1 with an exception set. */
+    int (*start)(fi_recorder *rec);
     /* The caps on a call whose inputs hold bytes tensor bytes: 1 go, 0 skip (the log says
      * why), -1 error. */
     int (*admits)(fi_dump_call *call, long long bytes);

@@ -35,6 +35,7 @@ typedef struct {
     int session_fd;             /* DUMP_DIR/session.jsonl, opened on first use */
     int ring_warned;            /* the "call larger than the ring's budget" warning was given */
     int compact;                /* tensors in the compact layout (docs/dump-format.md) */
+    int exit_hooked;            /* the ring's exit trigger is registered with atexit */
     struct fi_compact_writer *compact_writer; /* its writer (a directory per call), made lazily */
     long long skipped[2];       /* calls a cap kept out: [0] the count cap, [1] the size cap */
     long long skipped_noted[2]; /* the counts session.jsonl has last been told */

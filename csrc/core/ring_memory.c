@@ -35,13 +35,14 @@ fi_ring *fi_ring_new(long long n, const char *root, size_t budget, long long max
     r->root = strdup(root);
     r->ext = strdup(ext);
     r->slots = calloc((size_t)n, sizeof(fi_ring_slot));
+    r->scratch = malloc(sizeof(*r->scratch));
     r->budget = budget;
     r->max_triggers = max_triggers;
     r->hold_fd = r->hold_note_fd = -1;
     r->fork_epoch = fi_fork_epoch();
     if (compact)
         r->store = fi_chunk_store_new(1);
-    if (!r->root || !r->ext || !r->slots || (compact && !r->store)) {
+    if (!r->root || !r->ext || !r->slots || !r->scratch || (compact && !r->store)) {
         fi_ring_free(r);
         return NULL;
     }
@@ -383,6 +384,7 @@ void fi_ring_free(fi_ring *r)
     fi_chunk_store_free(r->store); /* after the slots: they release their chunks into it */
     free(r->root);
     free(r->ext);
+    free(r->scratch);
     free(r);
 }
 

@@ -3,6 +3,7 @@
 #ifndef FI_RING_MEMORY_H
 #define FI_RING_MEMORY_H
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -54,8 +55,29 @@ typedef struct {
 /* The ring. Its calls change it in normal context under the GIL; a write-out (crash_writer.c)
  * reads it in normal context or inside a signal handler (ring_signals.c), on any thread. One
  * write-out runs at a time: it holds writer, and no call changes a slot meanwhile. */
+/* The longest trigger record line of session.jsonl (ring_memory.h's fi_ring_result). */
+#define FI_TRIGGER_RECORD_MAX 4096
+
+/* The write-out's path and line buffers. A write-out may run in a signal handler on
+ * whatever alternate stack the thread has (faulthandler's is 16 KB or less), so they live
+ * here, made with the ring, not on that stack; write-outs are one at a time
+ * (fi_ring_writer_try), so one set serves them all. Each function that uses one has its
+ * own. */
+typedef struct fi_crash_scratch {
+    char session[PATH_MAX];           /* fi_crash_write_ring */
+    char slot_dir[PATH_MAX];          /* write_slot */
+    char pack_dir[PATH_MAX];          /* write_pack */
+    char pack_path[PATH_MAX];         /* write_pack */
+    char file[PATH_MAX];              /* write_whole2 */
+    char file_tmp[PATH_MAX];          /* write_whole2 */
+    char dirs[PATH_MAX];              /* make_dirs */
+    char removed[PATH_MAX];           /* remove_partial */
+    char line[FI_TRIGGER_RECORD_MAX]; /* write_trigger_line */
+} fi_crash_scratch;
+
 typedef struct fi_ring {
     long long n;
+    fi_crash_scratch *scratch; /* the write-out's buffers (see above) */
     char *root;
     char *ext;               /* tensor file extension: "pt" or "safetensors" */
     fi_chunk_store *store;   /* the compact layout's chunks (NULL: FlashInfer's layout) */
@@ -130,7 +152,6 @@ typedef struct {
 /* The trigger record: written whole; written without the triggering call's keys (the line
  * would pass FI_TRIGGER_RECORD_MAX bytes); not written (session.jsonl refused it). */
 enum { FI_RECORD_WHOLE, FI_RECORD_SHORT, FI_RECORD_LOST };
-#define FI_TRIGGER_RECORD_MAX 4096
 
 /* The longest trigger name dump_ring takes, in bytes. */
 #define FI_TRIGGER_NAME_MAX 128
