@@ -2,6 +2,7 @@
  * pass over tensor memory, any dtype and any strides; kernels/cuda/stats.cu is the GPU twin. */
 #include "flashinfer_kernels.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,6 +274,10 @@ ALWAYS_INLINE void float_acc_add(float_acc *a, float v)
 typedef struct {
     float lo[8], hi[8];
     double sum[8];
+    /* For the exact-sum path of 16-bit floats (half_lanes_run_avx2): while exact is set,
+     * every addition into sum[] so far was exact, so each lane is a multiple of
+     * 2^grain (INT_MAX: every lane is still zero). */
+    int exact, grain;
 } float_lanes;
 
 static void float_lanes_init(float_lanes *s)
@@ -282,6 +287,8 @@ static void float_lanes_init(float_lanes *s)
         s->hi[j] = -INFINITY;
         s->sum[j] = 0.0;
     }
+    s->exact = 1;
+    s->grain = INT_MAX;
 }
 
 /* Lanes into a: min and max, and the sum as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...). */
@@ -394,39 +401,57 @@ __attribute__((target("avx2"))) static int64_t f32_lanes_run_avx2(float_lanes *s
     return i;
 }
 
+/* Sixteen 16-bit floats (w) as the 128-bit code's two groups of eight: elements 0, 2, 4, 6
+ * then 1, 3, 5, 7 of each. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline void
+half_groups_avx2(__m256i w, int kind, __m256 g[2])
+{
+    if (kind == LOAD_BF16) {
+        __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
+        g[0] = _mm256_permute2f128_ps(even, odd, 0x20);
+        g[1] = _mm256_permute2f128_ps(even, odd, 0x31);
+    } else {
+        const __m128i evens_odds =
+            _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        g[0] = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm256_castsi256_si128(w), evens_odds));
+        g[1] = _mm256_cvtph_ps(_mm_shuffle_epi8(_mm256_extracti128_si256(w, 1), evens_odds));
+    }
+}
+
+/* The largest of sixteen unsigned 16-bit values. */
+__attribute__((target("avx2"), always_inline)) static inline unsigned hmax_u16(__m256i v)
+{
+    __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    __m128i least = _mm_minpos_epu16(_mm_xor_si128(m, _mm_set1_epi32(-1)));
+    return 0xffffu ^ ((unsigned)_mm_cvtsi128_si32(least) & 0xffffu);
+}
+
+__attribute__((target("avx2"), always_inline)) static inline unsigned hmin_u16(__m256i v)
+{
+    __m128i m = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return (unsigned)_mm_cvtsi128_si32(_mm_minpos_epu16(m)) & 0xffffu;
+}
+
 /* float_lanes_run for contiguous float16 or bfloat16 in 256-bit registers: each group of
  * eight elements feeds the same lanes as the 128-bit code (elements 0, 2, 4, 6 to lanes
  * 0-3 and 1, 3, 5, 7 to lanes 4-7), groups in order, so the statistics are bit-identical;
  * float16 widens with F16C (exact, as the portable conversion). Returns the count done. */
 __attribute__((target("avx2,f16c"))) static int64_t
-half_lanes_run_avx2(float_lanes *s, float_acc *a, const char *p, int64_t n, int kind)
+half_lanes_run_avx2_in_order(float_lanes *s, float_acc *a, const char *p, int64_t n, int kind)
 {
     __m256 lo = _mm256_loadu_ps(s->lo), hi = _mm256_loadu_ps(s->hi);
     __m256d sum0 = _mm256_loadu_pd(s->sum), sum1 = _mm256_loadu_pd(s->sum + 4);
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 inf = _mm256_set1_ps(INFINITY);
-    const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
-    /* the even halves of 16 bytes, then the odd ones */
-    const __m128i evens_odds = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
     int64_t i = 0;
     while (n - i >= 16) {
         int64_t stop = i + ((n - i < CHUNK ? n - i : CHUNK) & ~(int64_t)15);
         __m256i nan_count = _mm256_setzero_si256(), inf_count = _mm256_setzero_si256();
         for (; i < stop; i += 16) {
             __m256 g[2];
-            if (kind == LOAD_BF16) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i));
-                __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-                __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(w, high_half));
-                g[0] = _mm256_permute2f128_ps(even, odd, 0x20);
-                g[1] = _mm256_permute2f128_ps(even, odd, 0x31);
-            } else {
-                for (int k = 0; k < 2; k++) {
-                    __m128i h =
-                        _mm_loadu_si128((const __m128i *)(const void *)(p + 2 * i + 16 * k));
-                    g[k] = _mm256_cvtph_ps(_mm_shuffle_epi8(h, evens_odds));
-                }
-            }
+            half_groups_avx2(_mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i)), kind,
+                             g);
             for (int k = 0; k < 2; k++) {
                 __m256 v = g[k];
                 __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
@@ -454,6 +479,112 @@ half_lanes_run_avx2(float_lanes *s, float_acc *a, const char *p, int64_t n, int 
     _mm256_storeu_pd(s->sum + 4, sum1);
     return i;
 }
+/* 2^e as a double, for -1022 <= e <= 1023. */
+static inline double two_to(int e)
+{
+    uint64_t bits = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+/* Elements per block of the exact-sum path: 16 per lane (the 4 in EXACT_LOG2_PER_LANE). */
+#define EXACT_BLOCK 128
+#define EXACT_LOG2_PER_LANE 4
+
+/* half_lanes_run_avx2_in_order's statistics, bit for bit, at about twice its speed for
+ * the usual data. The in-order code widens every element to double and adds it to its
+ * lane. Here a block of EXACT_BLOCK elements is summed per lane in float32 instead, and
+ * the block's lane sums are added to the double lanes, when both are provably exact:
+ * - 16-bit floats of the block are multiples of u = the ulp of the smallest nonzero one,
+ *   and each lane's partial sums are below 16 * 2^(Emax+1); float32 holds every multiple
+ *   of u up to 2^24 u, so the float32 sums are exact when the block's exponents span at
+ *   most 23 - mantissa bits - 4 binades;
+ * - the double lanes are multiples of 2^grain (every earlier addition was exact), so with
+ *   a = min(grain, log2 u), every sum of a lane and the block's elements in any order is a
+ *   multiple of 2^a below 2^(53+a) when |lane| and the block's bound are each at most
+ *   2^(52+a): every addition the in-order code makes is then exact, and so is this one.
+ * Exact additions give the same double whatever their order, so the lanes get the same
+ * bits. Min and max take the same lanes in the same order as the in-order code. A block
+ * that fails a test (or holds a NaN or an infinity) goes through the in-order code; one
+ * whose in-order sums cannot be shown exact ends the exact path for the run (exact = 0). */
+__attribute__((target("avx2,f16c"))) static int64_t
+half_lanes_run_avx2(float_lanes *s, float_acc *a, const char *p, int64_t n, int kind)
+{
+    const int mant = kind == LOAD_BF16 ? 7 : 10, bias = kind == LOAD_BF16 ? 127 : 15;
+    const unsigned special = kind == LOAD_BF16 ? 0x7f80u : 0x7c00u; /* exponent all ones */
+    const int emax_limit = kind == LOAD_BF16 ? 240 : 31; /* float32 partial sums stay finite */
+    const __m256i abs_mask = _mm256_set1_epi16(0x7fff), one = _mm256_set1_epi16(1);
+    const __m256d abs_pd = _mm256_castsi256_pd(_mm256_set1_epi64x(INT64_MAX));
+    __m256 lo = _mm256_loadu_ps(s->lo), hi = _mm256_loadu_ps(s->hi);
+    __m256d sum0 = _mm256_loadu_pd(s->sum), sum1 = _mm256_loadu_pd(s->sum + 4);
+    int64_t i = 0;
+    while (s->exact && n - i >= 16) {
+        int64_t m = (n - i < EXACT_BLOCK ? n - i : EXACT_BLOCK) & ~(int64_t)15;
+        __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+        __m256i top = _mm256_setzero_si256(), least = _mm256_set1_epi32(-1);
+        for (int64_t j = i; j < i + m; j += 16) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * j));
+            __m256i mag = _mm256_and_si256(w, abs_mask);
+            top = _mm256_max_epu16(top, mag);
+            least = _mm256_min_epu16(least, _mm256_sub_epi16(mag, one)); /* 0 -> 0xffff */
+            __m256 g[2];
+            half_groups_avx2(w, kind, g);
+            lo = _mm256_min_ps(g[0], lo);
+            hi = _mm256_max_ps(g[0], hi);
+            lo = _mm256_min_ps(g[1], lo);
+            hi = _mm256_max_ps(g[1], hi);
+            f0 = _mm256_add_ps(f0, g[0]);
+            f1 = _mm256_add_ps(f1, g[1]);
+        }
+        unsigned big = hmax_u16(top), small = (hmin_u16(least) + 1u) & 0xffffu;
+        int fast = 0, exact = 0, grain = s->grain;
+        if (big < special) {
+            int emax = (int)(big >> mant), emin = (int)(small >> mant);
+            emax = emax < 1 ? 1 : emax;
+            emin = emin < 1 ? 1 : emin;
+            int ulp = emin - bias - mant;                      /* log2 u */
+            int bound = emax - bias + 1 + EXACT_LOG2_PER_LANE; /* |lane's block sum| < 2^bound */
+            if (small == 0) { /* only zeros: adding them changes no lane */
+                exact = fast = 1;
+            } else {
+                int g = grain < ulp ? grain : ulp;
+                __m256d l = _mm256_max_pd(_mm256_and_pd(sum0, abs_pd), _mm256_and_pd(sum1, abs_pd));
+                __m128d h = _mm_max_pd(_mm256_castpd256_pd128(l), _mm256_extractf128_pd(l, 1));
+                double lane_max = _mm_cvtsd_f64(_mm_max_sd(h, _mm_unpackhi_pd(h, h)));
+                exact = bound <= 52 + g && lane_max <= two_to(52 + g);
+                fast =
+                    exact && emax - emin <= 23 - mant - EXACT_LOG2_PER_LANE && emax <= emax_limit;
+                grain = g;
+            }
+        }
+        if (fast) {
+            __m256 f = _mm256_add_ps(f0, f1);
+            sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(f)));
+            sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1)));
+        } else {
+            /* min and max already hold the block: the in-order code takes the same values
+             * again without a change */
+            _mm256_storeu_ps(s->lo, lo);
+            _mm256_storeu_ps(s->hi, hi);
+            _mm256_storeu_pd(s->sum, sum0);
+            _mm256_storeu_pd(s->sum + 4, sum1);
+            half_lanes_run_avx2_in_order(s, a, p + 2 * i, m, kind);
+            lo = _mm256_loadu_ps(s->lo);
+            hi = _mm256_loadu_ps(s->hi);
+            sum0 = _mm256_loadu_pd(s->sum);
+            sum1 = _mm256_loadu_pd(s->sum + 4);
+        }
+        s->exact = exact;
+        s->grain = grain;
+        i += m;
+    }
+    _mm256_storeu_ps(s->lo, lo);
+    _mm256_storeu_ps(s->hi, hi);
+    _mm256_storeu_pd(s->sum, sum0);
+    _mm256_storeu_pd(s->sum + 4, sum1);
+    return i + half_lanes_run_avx2_in_order(s, a, p + 2 * i, n - i, kind);
+}
 #endif
 
 /* float_lanes_run over contiguous float16/bfloat16: pairs of groups in 256-bit registers
@@ -465,6 +596,8 @@ static int64_t half_lanes_run(float_lanes *s, float_acc *a, const char *p, int64
     if (fi_cpu_isa() >= FI_ISA_AVX2) /* FLASHINFER_CPU_ISA=portable: the 128-bit code */
         done = half_lanes_run_avx2(s, a, p, n, kind);
 #endif
+    if (n - done >= 8)
+        s->exact = 0; /* the 128-bit code's additions are not followed by the exact path */
     return done + float_lanes_run(s, a, p + 2 * done, n - done, 2, kind);
 }
 
