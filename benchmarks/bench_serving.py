@@ -30,6 +30,10 @@ real kernels need CUDA); with --device cuda it is FlashInfer's own wrapper.
 (git worktree add DIR main; cd DIR; python setup.py build_ext --inplace), alternating,
 so that both see the same machine load; ratios are then read within one run.
 
+FLASHINFER_CPU_ISA in the environment (portable or avx2, docs/logging.md) is passed on to
+every child, so that both kernel paths can be timed; every other FLASHINFER_ variable is
+the mode's own.
+
 --real-size is a GPU run's shape: 32 layers of 16384 pages (about 34 GB of bf16 KV cache),
 64 sequences of about 2k tokens (flags given as well override it).
 """
@@ -208,7 +212,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_child(python, tree, mode_env, cfg, scratch, ring):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    keep = ("FLASHINFER_CPU_ISA",)  # the kernels' ISA, passed on (see the docstring)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_") or k in keep}
     if tree:
         env["PYTHONPATH"] = tree
     dump_dir = tempfile.mkdtemp(dir=scratch)

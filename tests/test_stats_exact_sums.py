@@ -125,3 +125,64 @@ def test_the_one_pass_stream_keeps_the_in_order_bits(tmp_path, monkeypatch, isa,
             _check(name, _C.tensor_stats(t), t)
     finally:
         _C._forget_stats()
+
+
+def _cache(dtype, pages=520, seed=3):
+    """A paged KV cache of 64 KB bfloat16 pages (128 KB float32), as the serving loop's."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(pages, 2, 16, 8, 128, generator=g).to(dtype)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(
+        (math.isnan(a[k]) and math.isnan(b[k])) or (a[k] == b[k] and str(a[k]) == str(b[k]))
+        for k in a
+    )
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+def test_page_statistics_on_threads_are_the_in_order_bits(monkeypatch, isa, dtype, threads):
+    """Level 5 splits a large page set over torch's threads and joins the lane sums only
+    where the join is provably exact: the bits of one stream over the pages in order,
+    which are those of the gathered pages' statistics."""
+    monkeypatch.setenv("FLASHINFER_CPU_ISA", isa)
+    cache = _cache(dtype)
+    pages = sorted(torch.randperm(520, generator=torch.Generator().manual_seed(1))[:480].tolist())
+    want = _C.tensor_stats(cache[pages])
+    assert _same(_C._page_stats(cache, pages, threads), want)
+    # a NaN, an infinity and a zero-signed minimum in the pages of the later threads
+    cache[pages[-1], 1, 3, 2, 5] = float("nan")
+    cache[pages[-5], 0, 0, 0, 0] = float("inf")
+    assert _same(_C._page_stats(cache, pages, threads), _C.tensor_stats(cache[pages]))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_a_join_that_cannot_be_shown_exact_is_summed_again_in_order(threads):
+    """The first thread's pages hold equal powers of two whose lane sums reach 2^54 (each
+    thread exact on its own), the later threads' ones: added one by one in order, each one
+    is lost (half an ulp of 2^54 is 2); the later threads' sums added at once would not
+    be. The join must be refused and the pages summed again in order."""
+    n = 480
+    first = n // threads  # the first thread's pages
+    per_lane = first * 32768 // 8
+    cache = torch.ones(n, 2, 16, 8, 128, dtype=torch.bfloat16)
+    cache[:first] = 2.0 ** (54 - math.ceil(math.log2(per_lane)))
+    pages = list(range(n))
+    want = _C.tensor_stats(cache[pages])
+    assert _same(_C._page_stats(cache, pages, threads), want)
+    lane = float(cache[0, 0, 0, 0, 0]) * per_lane
+    assert lane + 1.0 == lane  # the in-order run does lose the ones
+
+
+def test_signed_zero_minimum_keeps_the_first_pages_zero():
+    """Every value is a zero; the first pages hold -0.0, the later +0.0: min and max keep
+    the first zero of each lane in page order, whichever thread read it."""
+    cache = torch.zeros(480, 2, 16, 8, 128, dtype=torch.bfloat16)
+    cache[:100] = -0.0
+    pages = list(range(480))
+    want = _C.tensor_stats(cache[pages])
+    assert math.copysign(1.0, want["min"]) == -1.0
+    for threads in (2, 7):
+        assert _same(_C._page_stats(cache, pages, threads), want)

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor.h"
@@ -354,9 +355,25 @@ static int stats_with_cuda_kernel(PyObject *tensor, const fi_tensor *t, int capt
 static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *memo,
                           fi_stats *out);
 
+/* The threads _page_stats asks for (0: torch's), for tests. Guarded by the GIL. */
+static int test_threads;
+
+/* torch.get_num_threads(), the threads torch's own CPU ops use (1 when unknown). */
+static int torch_threads(void)
+{
+    PyObject *torch = PyImport_ImportModule("torch");
+    PyObject *n = torch ? PyObject_CallMethod(torch, "get_num_threads", NULL) : NULL;
+    long v = n ? PyLong_AsLong(n) : 1;
+    Py_XDECREF(torch);
+    Py_XDECREF(n);
+    PyErr_Clear();
+    return v < 1 ? 1 : v > 1024 ? 1024 : (int)v;
+}
+
 /* Statistics of the pages ps of tensor: CPU pages that are each one run of float32/16 or
- * bfloat16 elements are streamed page by page, in place; any other tensor is gathered
- * first (tensor[pages], on its device). */
+ * bfloat16 elements are streamed page by page, in place, on torch's CPU threads when
+ * they are many (fi_stats_pieces: the bits of one in-order stream); any other tensor is
+ * gathered first (tensor[pages], on its device). */
 static int stats_of_pages(PyObject *tensor, const fi_tensor *t, const fi_page_set *ps,
                           fi_stats_memo *memo, fi_stats *out)
 {
@@ -369,18 +386,24 @@ static int stats_of_pages(PyObject *tensor, const fi_tensor *t, const fi_page_se
     }
     int64_t pe;
     size_t isz = fi_dtype_size(t->dtype);
-    fi_stats_stream *st = NULL;
-    if (t->device_type == FI_DEVICE_CPU && fi_pages_contiguous(t, &pe) &&
-        (pe % 8 == 0 || ps->n <= 1))
-        st = fi_stats_stream_new(t->dtype, ps->n * pe);
-    if (st) {
-        Py_BEGIN_ALLOW_THREADS
+    const char **piece = NULL;
+    if (t->device_type == FI_DEVICE_CPU && ps->n > 0 && fi_pages_contiguous(t, &pe) &&
+        (pe % 8 == 0 || ps->n <= 1) && pe * ps->n >= 16 &&
+        (t->dtype == FI_DTYPE_F32 || t->dtype == FI_DTYPE_F16 || t->dtype == FI_DTYPE_BF16))
+        piece = malloc((size_t)ps->n * sizeof(*piece));
+    if (piece) {
         for (int64_t i = 0; i < ps->n; i++)
-            fi_stats_stream_feed(st,
-                                 (const char *)t->data + ps->page[i] * t->stride[0] * (int64_t)isz,
-                                 (size_t)pe * isz);
-        fi_stats_stream_end(st, out);
+            piece[i] = (const char *)t->data + ps->page[i] * t->stride[0] * (int64_t)isz;
+        int threads = test_threads ? test_threads : torch_threads();
+        int r;
+        Py_BEGIN_ALLOW_THREADS
+        r = fi_stats_pieces(t->dtype, piece, ps->n, (size_t)pe * isz, threads, out);
         Py_END_ALLOW_THREADS
+        free(piece);
+        if (r < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
         out->dtype = t->dtype;
         if (apply_neg_bit(tensor, out) < 0)
             return -1;
@@ -708,6 +731,47 @@ static PyObject *py_tensor_stats(PyObject *module, PyObject *tensor)
     return stats_to_python(&st);
 }
 
+PyDoc_STRVAR(page_stats_doc, "_page_stats(tensor, pages, threads, /)\n--\n\n"
+                             "Statistics of tensor[pages] (sorted unique page ids along dim 0)\n"
+                             "taken in place as level 5 takes a paged cache's, on threads\n"
+                             "threads; for tests.");
+
+static PyObject *py_page_stats(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !fi_is_tensor(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_page_stats(tensor, pages: list, threads: int)");
+        return NULL;
+    }
+    long threads = PyLong_AsLong(args[2]);
+    if (threads == -1 && PyErr_Occurred())
+        return NULL;
+    fi_tensor t;
+    if (fi_tensor_from_py(args[0], &t) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(args[1]);
+    fi_page_set ps = {malloc((size_t)(n ? n : 1) * sizeof(int64_t)), n, t.ndim ? t.shape[0] : 0, 0};
+    if (!ps.page)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ps.page[i] = PyLong_AsLongLong(PyList_GET_ITEM(args[1], i));
+        if ((ps.page[i] == -1 && PyErr_Occurred()) || ps.page[i] < 0 || ps.page[i] >= ps.total ||
+            (i && ps.page[i] <= ps.page[i - 1])) {
+            free(ps.page);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "_page_stats: pages must be sorted, unique ids");
+            return NULL;
+        }
+    }
+    fi_stats st;
+    memset(&st, 0, sizeof st);
+    test_threads = threads < 1 ? 1 : (int)threads;
+    int r = stats_of_pages(args[0], &t, &ps, NULL, &st);
+    test_threads = 0;
+    free(ps.page);
+    return r < 0 ? NULL : stats_to_python(&st);
+}
+
 PyDoc_STRVAR(tensor_stats_torch_ops_doc,
              "_tensor_stats_torch_ops(tensor, /)\n--\n\n"
              "tensor_stats computed with torch ops (the CUDA path), on any device; for tests.");
@@ -795,6 +859,7 @@ static PyMethodDef stats_methods[] = {
     {"_save_tensors_taking_stats", py_save_taking_stats, METH_VARARGS, save_taking_stats_doc},
     {"_forget_stats", py_forget_stats, METH_NOARGS, "_forget_stats()\n--\n\nFor tests."},
     {"tensor_stats", (PyCFunction)py_tensor_stats, METH_O, tensor_stats_doc},
+    {"_page_stats", (PyCFunction)(void (*)(void))py_page_stats, METH_FASTCALL, page_stats_doc},
     {"format_tensor_stats", (PyCFunction)(void (*)(void))py_format_tensor_stats, METH_FASTCALL,
      format_tensor_stats_doc},
     {"_tensor_stats_torch_ops", (PyCFunction)py_tensor_stats_torch_ops, METH_O,

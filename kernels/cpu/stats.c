@@ -3,6 +3,7 @@
 #include "flashinfer_kernels.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,8 +277,10 @@ typedef struct {
     double sum[8];
     /* For the exact-sum path of 16-bit floats (half_lanes_run_avx2): while exact is set,
      * every addition into sum[] so far was exact, so each lane is a multiple of
-     * 2^grain (INT_MAX: every lane is still zero). */
+     * 2^grain (INT_MAX: every lane is still zero), and no lane's running sum (after any
+     * element, in order) exceeded peak in magnitude. */
     int exact, grain;
+    double peak;
 } float_lanes;
 
 static void float_lanes_init(float_lanes *s)
@@ -289,6 +292,16 @@ static void float_lanes_init(float_lanes *s)
     }
     s->exact = 1;
     s->grain = INT_MAX;
+    s->peak = 0.0;
+}
+
+/* 2^e as a double, for -1022 <= e <= 1023. */
+static inline double two_to(int e)
+{
+    uint64_t bits = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
 }
 
 /* Lanes into a: min and max, and the sum as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + ...). */
@@ -479,15 +492,6 @@ half_lanes_run_avx2_in_order(float_lanes *s, float_acc *a, const char *p, int64_
     _mm256_storeu_pd(s->sum + 4, sum1);
     return i;
 }
-/* 2^e as a double, for -1022 <= e <= 1023. */
-static inline double two_to(int e)
-{
-    uint64_t bits = (uint64_t)(e + 1023) << 52;
-    double d;
-    memcpy(&d, &bits, sizeof d);
-    return d;
-}
-
 /* Elements per block of the exact-sum path: 16 per lane (the 4 in EXACT_LOG2_PER_LANE). */
 #define EXACT_BLOCK 128
 #define EXACT_LOG2_PER_LANE 4
@@ -553,6 +557,9 @@ half_lanes_run_avx2(float_lanes *s, float_acc *a, const char *p, int64_t n, int 
                 __m128d h = _mm_max_pd(_mm256_castpd256_pd128(l), _mm256_extractf128_pd(l, 1));
                 double lane_max = _mm_cvtsd_f64(_mm_max_sd(h, _mm_unpackhi_pd(h, h)));
                 exact = bound <= 52 + g && lane_max <= two_to(52 + g);
+                /* the block's running sums stay within lane_max + 2^bound (both exact) */
+                double top_sum = lane_max + two_to(bound);
+                s->peak = top_sum > s->peak ? top_sum : s->peak;
                 fast =
                     exact && emax - emin <= 23 - mant - EXACT_LOG2_PER_LANE && emax <= emax_limit;
                 grain = g;
@@ -1028,6 +1035,7 @@ fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel)
     s->kind = kind;
     s->numel = numel;
     float_lanes_init(&s->lanes);
+    s->lanes.exact = kind != LOAD_F32; /* float32 lanes are never shown exact */
     s->acc = (float_acc){INFINITY, -INFINITY, 0.0, 0, 0};
     return s;
 }
@@ -1054,4 +1062,106 @@ void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out)
     memset(out, 0, sizeof(*out));
     finish_float(&s->acc, s->numel, 1, out);
     free(s);
+}
+
+/* Whether b's lanes can be added to a's, as if b's elements had been fed to a after a's
+ * own, with the bits of that in-order run: a and b each exact (no tails), and every
+ * in-order running sum a_j + (b's running sum) provably exact: both are multiples of
+ * 2^g, g the smaller grain, and |a_j| and b's peak are each at most 2^(52+g). Then a
+ * takes b's lanes, counts and min/max (a's value on a tie of zeros: a's came first). */
+static int stream_merge(fi_stats_stream *a, const fi_stats_stream *b)
+{
+    float_lanes *x = &a->lanes;
+    const float_lanes *y = &b->lanes;
+    if (!x->exact || !y->exact || a->tail_n || b->tail_n)
+        return -1;
+    int g = x->grain < y->grain ? x->grain : y->grain;
+    double lane_max = 0.0;
+    for (int j = 0; j < 8; j++)
+        lane_max = fabs(x->sum[j]) > lane_max ? fabs(x->sum[j]) : lane_max;
+    if (g != INT_MAX && (g > 970 || lane_max > two_to(52 + g) || y->peak > two_to(52 + g)))
+        return -1;
+    for (int j = 0; j < 8; j++) {
+        x->sum[j] += y->sum[j];
+        x->lo[j] = y->lo[j] < x->lo[j] ? y->lo[j] : x->lo[j];
+        x->hi[j] = y->hi[j] > x->hi[j] ? y->hi[j] : x->hi[j];
+    }
+    x->peak = x->peak > lane_max + y->peak ? x->peak : lane_max + y->peak;
+    x->grain = g;
+    a->acc.nan += b->acc.nan;
+    a->acc.inf += b->acc.inf;
+    return 0;
+}
+
+typedef struct {
+    fi_stats_stream *s;
+    const char *const *piece;
+    int64_t n;
+    size_t nbytes;
+} pieces_job;
+
+static void *feed_pieces(void *arg)
+{
+    pieces_job *j = arg;
+    for (int64_t i = 0; i < j->n; i++)
+        fi_stats_stream_feed(j->s, j->piece[i], j->nbytes);
+    return NULL;
+}
+
+#define PIECES_MAX_THREADS 64
+#define PIECES_MIN_BYTES ((size_t)4 << 20) /* per thread: below this one thread does it all */
+
+int fi_stats_pieces(fi_dtype dtype, const char *const *piece, int64_t n, size_t nbytes,
+                    int num_threads, fi_stats *out)
+{
+    int64_t esize = dtype == FI_DTYPE_F32 ? 4 : 2;
+    if (n <= 0 || nbytes % (size_t)esize)
+        return -1;
+    int64_t numel = n * (int64_t)(nbytes / (size_t)esize);
+    int64_t want = (int64_t)((uint64_t)n * nbytes / PIECES_MIN_BYTES);
+    int nt = num_threads < 1                    ? 1
+             : num_threads > PIECES_MAX_THREADS ? PIECES_MAX_THREADS
+                                                : num_threads;
+    nt = want < nt ? (want < 1 ? 1 : (int)want) : nt;
+    int exact_path = 0; /* only the AVX2 16-bit kernels keep lanes exact (joinable) */
+#ifdef FI_HAVE_AVX2_ROW
+    exact_path = dtype != FI_DTYPE_F32 && fi_cpu_isa() >= FI_ISA_AVX2;
+#endif
+    nt = !exact_path || n < nt ? 1 : nt;
+    pieces_job job[PIECES_MAX_THREADS];
+    pthread_t thread[PIECES_MAX_THREADS];
+    int started[PIECES_MAX_THREADS] = {0};
+    for (int t = 0; t < nt; t++) {
+        int64_t first = n * t / nt, last = n * (t + 1) / nt;
+        job[t] =
+            (pieces_job){fi_stats_stream_new(dtype, numel), piece + first, last - first, nbytes};
+        if (!job[t].s) {
+            for (int k = 0; k < t; k++)
+                free(job[k].s);
+            return -1;
+        }
+    }
+    for (int t = 1; t < nt; t++)
+        started[t] = pthread_create(&thread[t], NULL, feed_pieces, &job[t]) == 0;
+    feed_pieces(&job[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t])
+            pthread_join(thread[t], NULL);
+        else
+            feed_pieces(&job[t]);
+    }
+    int merged = 1;
+    for (int t = 1; t < nt && merged; t++)
+        merged = stream_merge(job[0].s, job[t].s) == 0;
+    for (int t = 1; t < nt; t++)
+        free(job[t].s);
+    if (!merged) { /* not provably the in-order bits: feed them in order */
+        free(job[0].s);
+        job[0] = (pieces_job){fi_stats_stream_new(dtype, numel), piece, n, nbytes};
+        if (!job[0].s)
+            return -1;
+        feed_pieces(&job[0]);
+    }
+    fi_stats_stream_end(job[0].s, out);
+    return 0;
 }

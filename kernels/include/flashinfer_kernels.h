@@ -409,6 +409,14 @@ fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel);
 void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes);
 void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out);
 
+/* The statistics of n pieces of nbytes each (a multiple of the element size; float32,
+ * float16 or bfloat16), as one stream fed them in order would give, bit for bit: pieces
+ * of a few MB and more are split over up to num_threads threads, and their sums joined
+ * where every addition is provably exact (else fed again in order). -1 when out of memory
+ * or the arguments are not streamable. */
+int fi_stats_pieces(fi_dtype dtype, const char *const *piece, int64_t n, size_t nbytes,
+                    int num_threads, fi_stats *out);
+
 /* out (kind FI_STATS_FLOAT) from the reductions of a float tensor of numel elements: min,
  * max and sum over its non-NaN values and its NaN and Inf counts; min, max and mean are
  * NaN when every value is NaN. */
