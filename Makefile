@@ -1,7 +1,10 @@
 # flashinfer-c: every target makes its own virtualenv (.venv) with torch==2.13.0
-# and the package installed editable, so a fresh machine needs nothing else.
+# and the two distributions installed editable (the core, flashinfer-native from native/,
+# then the mirror, flashinfer-c from the root, which requires it), so a fresh machine
+# needs nothing else.
 
 PYTHON ?= python3
+comma := ,
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip --disable-pip-version-check -q
@@ -32,18 +35,25 @@ NATIVE_SOURCES := $(wildcard flashinfer_native/*.py native/*.py native/*.toml na
 
 all: build
 
-$(VENV)/.deps: pyproject.toml
+$(VENV)/.deps: pyproject.toml native/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "setuptools>=77" wheel
 	$(PIP) install $(DEPS)
+	$(PIP) install --no-build-isolation --no-deps -e ./native
 	$(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
 venv: $(VENV)/.deps
 
-# Rebuild the extension in place (fast; the editable install points here).
+# $(call build_ext,VARIABLES,ARGUMENTS): `setup.py build_ext ARGUMENTS` of both
+# distributions under the environment VARIABLES: native/'s (flashinfer_native._C, run in
+# native/, so ARGUMENTS' paths are absolute), then the root's (flashinfer._kernels).
+build_ext = (cd native && $(1) $(abspath $(VPY)) setup.py -q build_ext $(2)) && \
+	$(1) $(VPY) setup.py -q build_ext $(2)
+
+# Rebuild the extensions in place (fast; the editable installs point here).
 build: venv
-	FLASHINFER_EXTRA_CFLAGS="$(WARN)" $(VPY) setup.py -q build_ext --inplace --build-temp build/release $(BUILD_FLAGS)
+	$(call build_ext,FLASHINFER_EXTRA_CFLAGS="$(WARN)",--inplace --build-temp $(abspath build/release) $(BUILD_FLAGS))
 
 demo: build
 	$(VPY) examples/demo.py
@@ -90,7 +100,7 @@ bench-flashinfer: $(FI_VENV)/.native
 # in-place extension is left alone); clang-format and ruff checks.
 lint: venv
 	$(VPY) tools/c_cycles.py csrc kernels
-	FLASHINFER_EXTRA_CFLAGS="-Werror" $(VPY) setup.py -q build_ext --build-lib build/lint-lib --build-temp build/lint --force
+	$(call build_ext,FLASHINFER_EXTRA_CFLAGS="-Werror",--build-lib $(abspath build/lint-lib) --build-temp $(abspath build/lint) --force)
 	$(VENV)/bin/clang-format --dry-run -Werror $(C_SOURCES)
 	$(VENV)/bin/ruff check $(PY_SOURCES)
 	$(VENV)/bin/ruff format --check $(PY_SOURCES)
@@ -102,8 +112,9 @@ format: venv
 # The extension built with AddressSanitizer + UBSan and the whole suite run under it.
 # Python itself is not instrumented, so the runtime is preloaded and leak checks are off.
 asan-test: venv
-	FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS)" FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
-		FLASHINFER_NO_CUDA=1 $(VPY) setup.py -q build_ext --inplace --build-temp build/asan --force
+	$(call build_ext,FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS)" \
+		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address$(comma)undefined" FLASHINFER_NO_CUDA=1,\
+		--inplace --build-temp $(abspath build/asan) --force)
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		$(VPY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS); \
@@ -184,10 +195,10 @@ ATHERIS_RUN = LD_PRELOAD="$$($(VPY) -c 'import atheris; print(atheris.path())')/
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(VPY) tests/fuzz/fuzz_$(1).py
 fuzz-run-python: fuzz-tools
-	CC=clang LDSHARED="clang -shared" FLASHINFER_NO_CUDA=1 \
+	$(call build_ext,CC=clang LDSHARED="clang -shared" FLASHINFER_NO_CUDA=1 \
 		FLASHINFER_EXTRA_CFLAGS="$(ASAN_FLAGS) -fsanitize=fuzzer-no-link -Wno-missing-field-initializers" \
-		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
-		$(VPY) setup.py -q build_ext --inplace --build-temp $(FUZZ_DIR)/ext --force
+		FLASHINFER_EXTRA_LDFLAGS="-fsanitize=address$(comma)undefined",\
+		--inplace --build-temp $(abspath $(FUZZ_DIR)/ext) --force)
 	failed=0; \
 	$(call fuzz_run,dumptree,$(call ATHERIS_RUN,dumptree)) || failed=1; \
 	$(call fuzz_run,repro,$(call ATHERIS_RUN,repro)) || failed=1; \
@@ -197,4 +208,5 @@ fuzz-run-dumptree fuzz-run-repro: fuzz-run-python
 	@:
 
 clean:
-	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info native/build
+	rm -rf build $(VENV) flashinfer/_kernels*.so flashinfer_native/_C*.so *.egg-info native/build \
+		native/*.egg-info

@@ -1,25 +1,20 @@
-"""Build script for flashinfer-c (distribution ``flashinfer-c``): two C extensions.
+"""Build script for flashinfer-c (distribution ``flashinfer-c``): this repository's
+FlashInfer mirror, the ``flashinfer`` package and its kernel extension
+flashinfer._kernels (csrc/ops over kernels/cpu and kernels/cuda).
 
-- flashinfer_native._C, the logging core (csrc/core) and the tensor files
-  (csrc/tensorfile), with the statistics kernels: everything the standalone core needs.
-- flashinfer._kernels, the kernel entry points of the flashinfer mirror (csrc/ops) over
-  the compute kernels (kernels/cpu, kernels/cuda).
-
-The extension definitions and the nvcc step live in native/build_extensions.py, shared
-with native/setup.py (distribution ``flashinfer-native``: the core alone).
+The logging core, ``flashinfer_native``, is the distribution ``flashinfer-native``
+(native/setup.py); flashinfer-c requires it at the same version rather than shipping it a
+second time. The extension definitions, the nvcc step and that version live in
+native/build_extensions.py, shared with native/setup.py.
 """
-
-import os
-import sys
 
 from setuptools import setup
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(ROOT, "native"))
-
-from build_extensions import build_ext_cuda, core_extension, kernels_extension  # noqa: E402
+from native.build_extensions import VERSION, build_ext_cuda, kernels_extension
 
 setup(
-    ext_modules=[core_extension(ROOT), kernels_extension(ROOT)],
+    version=VERSION,
+    install_requires=[f"flashinfer-native=={VERSION}", "torch>=2.1", "click"],
+    ext_modules=[kernels_extension()],
     cmdclass={"build_ext": build_ext_cuda},
 )

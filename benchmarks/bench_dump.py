@@ -17,8 +17,8 @@ raw floor there, mkdir + create + write + rename, is printed too). Best of --rep
 2 x 32 MB float32 inputs against the raw write(2) of the same bytes to two new files,
 timed alternately in one process, best of --repeats with the spread (max/min - 1); with
 --baseline DIR also the same figures for an older source tree built in place there
-(git worktree add DIR main && cd DIR && FLASHINFER_NO_CUDA=1 python setup.py build_ext
---inplace), run alternately with this one so that both see the same machine load; and
+(git worktree add DIR main && cd DIR && export FLASHINFER_NO_CUDA=1 && (cd native && python
+setup.py build_ext --inplace) && python setup.py build_ext --inplace), run alternately with this one so that both see the same machine load; and
 the CRC-32 throughput of each path (PCLMULQDQ folding, system zlib, tables) on 64 MB.
 """
 

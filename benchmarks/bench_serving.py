@@ -27,7 +27,8 @@ the wrapper there is a plain-torch decode with FlashInfer's class and method nam
 real kernels need CUDA); with --device cuda it is FlashInfer's own wrapper.
 
 --baseline DIR runs every mode of this tree and of an older tree built in place in DIR
-(git worktree add DIR main; cd DIR; python setup.py build_ext --inplace), alternating,
+(git worktree add DIR main; cd DIR; (cd native; python setup.py build_ext --inplace);
+python setup.py build_ext --inplace), alternating,
 so that both see the same machine load; ratios are then read within one run.
 
 FLASHINFER_CPU_ISA in the environment (portable or avx2, docs/logging.md) is passed on to

@@ -1,1 +1,5 @@
-__version__ = "0.1.0"
+"""The mirror's version: flashinfer-c's, which is flashinfer-native's (flashinfer_native/version.py)."""
+
+from flashinfer_native.version import __version__
+
+__all__ = ["__version__"]

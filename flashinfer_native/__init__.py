@@ -6,7 +6,7 @@ readers. It serves the ``flashinfer`` mirror package of this repository, and an
 installed FlashInfer (``flashinfer-python``) when switched on.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["__version__", "load_session", "load_tensors"]
 

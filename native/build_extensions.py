@@ -1,13 +1,21 @@
-"""The C extensions of flashinfer-c and their nvcc step, shared by both distributions.
+"""The build of flashinfer-c's C extensions, their nvcc step and the version, shared by
+both distributions.
 
+- ``native/setup.py`` (distribution ``flashinfer-native``: the logging core, alone or
+  under an installed FlashInfer) builds ``core_extension()`` and the ``flashinfer_native``
+  package.
 - ``setup.py`` at the repository root (distribution ``flashinfer-c``: the flashinfer
-  mirror and the logging core) builds ``core_extension()`` and ``kernels_extension()``.
-- ``native/setup.py`` (distribution ``flashinfer-native``: the logging core alone, to
-  serve an installed FlashInfer) builds ``core_extension()`` only, from the same
-  sources: ``native/csrc`` and ``native/kernels`` are links to the root's folders.
+  mirror) builds ``kernels_extension()`` and the ``flashinfer`` package, and requires
+  ``flashinfer-native`` at the same version instead of shipping the core a second time.
 
-Source paths are relative to the directory of the setup.py being run (its working
-directory under pip), which every function receives as ``root``.
+Both read the sources where they are in the checkout (:data:`REPO`, the folder above this
+one; no links): source paths are written relative to it and handed to setuptools relative
+to the working directory of the setup.py being run, or absolute where that is outside it
+(native/), so that object files stay under the build folder. Both import this module as
+the sibling of their setup.py (setuptools' ``build_meta:__legacy__`` backend, which both
+pyproject.toml files name, runs setup.py with its folder on ``sys.path``): the root's as
+``native.build_extensions``, native/'s as ``build_extensions``. :data:`VERSION` is read
+from flashinfer_native/version.py, the one place the version is written.
 
 Both extensions are C11 on the plain Python C API; torch is not needed to build them.
 FLASHINFER_EXTRA_CFLAGS / FLASHINFER_EXTRA_LDFLAGS append flags (lint, sanitizers).
@@ -29,10 +37,39 @@ import types
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
+# The checkout: flashinfer_native/, csrc/, kernels/ and flashinfer/ are folders of it.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERSION_FILE = os.path.join("flashinfer_native", "version.py")
 
-def rel(root, pattern):
-    """Files matching ``pattern`` under ``root``, as sorted paths relative to it."""
-    return sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(root, pattern)))
+
+def read_version():
+    """``__version__`` of flashinfer_native/version.py, read as text (nothing is imported:
+    the package needs its extension, which is not built yet)."""
+    with open(os.path.join(REPO, VERSION_FILE), encoding="utf-8") as f:
+        m = re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M)
+    if m is None:
+        raise SystemExit(f'{VERSION_FILE}: no line __version__ = "..."')
+    return m.group(1)
+
+
+VERSION = read_version()
+
+
+def rel(pattern):
+    """Files of the checkout matching ``pattern``, as sorted paths relative to it."""
+    return sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, pattern)))
+
+
+def here(path):
+    """``path`` (relative to the checkout) as setuptools takes it from the setup.py being
+    run: relative to its working directory (``../csrc`` from native/)."""
+    return os.path.relpath(os.path.join(REPO, path))
+
+
+def package_dir(package):
+    """The folder of ``package`` (a folder of the checkout), as setuptools' package_dir
+    takes it: relative to the working directory."""
+    return here(package.replace(".", "/"))
 
 
 def find_nvcc():
@@ -130,12 +167,21 @@ def parallel_compile(
     return objects
 
 
+def checkout_object_filenames(self, source_filenames, strip_dir=False, output_dir=""):
+    """CCompiler.object_filenames of each source's place in the checkout: native/'s
+    ``../csrc/core/x.c`` is ``csrc/core/x.o`` under the build folder, as from the root,
+    not ``../csrc/core/x.o`` beside it."""
+    names = [os.path.relpath(os.path.abspath(s), REPO) for s in source_filenames]
+    return type(self).object_filenames(self, names, strip_dir, output_dir)
+
+
 class build_ext_cuda(build_ext):
     """Compiles each extension's .cu files with nvcc into build_temp and links the objects;
     C files are compiled in parallel."""
 
     def build_extension(self, ext):
         self.compiler.compile = types.MethodType(parallel_compile, self.compiler)
+        self.compiler.object_filenames = types.MethodType(checkout_object_filenames, self.compiler)
         if ext.cuda_sources:
             objects = self.compile_cuda(ext)
             ext.extra_objects = list(ext.extra_objects or []) + objects
@@ -150,8 +196,7 @@ class build_ext_cuda(build_ext):
     def compile_cuda(self, ext):
         out_dir = os.path.abspath(os.path.join(self.build_temp, "cuda"))
         os.makedirs(out_dir, exist_ok=True)
-        root = ext.source_root
-        headers = rel(root, "kernels/include/*.h") + rel(root, "kernels/cuda/*.cuh")
+        headers = rel("kernels/include/*.h") + rel("kernels/cuda/*.cuh")
         flags = [
             "-O3",
             "-std=c++17",
@@ -166,7 +211,7 @@ class build_ext_cuda(build_ext):
         for src in ext.cuda_sources:
             obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
             objects.append(obj)
-            deps = [os.path.join(root, d) for d in [src] + headers] + [os.path.abspath(__file__)]
+            deps = [os.path.join(REPO, d) for d in [src] + headers] + [os.path.abspath(__file__)]
             if os.path.exists(obj) and all(
                 os.path.getmtime(obj) >= os.path.getmtime(d) for d in deps
             ):
@@ -177,21 +222,27 @@ class build_ext_cuda(build_ext):
         with concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
             for cmd in commands:
                 print(" ".join(shlex.quote(c) for c in cmd))
-            list(pool.map(lambda cmd: subprocess.check_call(cmd, cwd=root), commands))
+            list(pool.map(lambda cmd: subprocess.check_call(cmd, cwd=REPO), commands))
         return objects
 
 
-def extension(root, name, sources, cuda_sources):
-    """A C11 extension; cuda_sources are compiled by nvcc when CUDA kernels are built."""
+def extension(name, sources, cuda_sources):
+    """A C11 extension of the checkout's ``sources``; ``cuda_sources`` are compiled by nvcc
+    (in the checkout) when CUDA kernels are built."""
     cuda_sources = cuda_sources if NVCC else []
     ext = Extension(
         name,
-        sources=sources,
-        include_dirs=["csrc/core", "csrc/tensorfile", "csrc/ops", "kernels/include"],
-        depends=rel(root, "csrc/*/*.h")
-        + rel(root, "kernels/include/*.h")
-        + rel(root, "kernels/cpu/*.h")
-        + (cuda_sources + rel(root, "kernels/cuda/*.cuh") if cuda_sources else []),
+        sources=[here(s) for s in sources],
+        include_dirs=[
+            here(d) for d in ("csrc/core", "csrc/tensorfile", "csrc/ops", "kernels/include")
+        ],
+        depends=[
+            here(d)
+            for d in rel("csrc/*/*.h")
+            + rel("kernels/include/*.h")
+            + rel("kernels/cpu/*.h")
+            + (cuda_sources + rel("kernels/cuda/*.cuh") if cuda_sources else [])
+        ],
         extra_compile_args=["-std=c11", "-O3", "-Wall", "-Wextra", "-D_GNU_SOURCE"]
         + (cuda_cflags if cuda_sources else [])
         + extra_cflags,
@@ -200,7 +251,6 @@ def extension(root, name, sources, cuda_sources):
         + extra_ldflags,
     )
     ext.cuda_sources = cuda_sources
-    ext.source_root = root
     return ext
 
 
@@ -208,28 +258,26 @@ CORE_KERNELS = ["kernels/cpu/stats.c", "kernels/cpu/chunk_hash.c"]
 CORE_CUDA = ["kernels/cuda/common.cu", "kernels/cuda/stats.cu", "kernels/cuda/chunk_hash.cu"]
 
 
-def core_extension(root):
+def core_extension():
     """flashinfer_native._C: the logging core (csrc/core), the tensor files
     (csrc/tensorfile) and the statistics kernels: everything the core needs."""
     return extension(
-        root,
         "flashinfer_native._C",
-        rel(root, "csrc/core/*.c")
-        + rel(root, "csrc/tensorfile/*.c")
+        rel("csrc/core/*.c")
+        + rel("csrc/tensorfile/*.c")
         + CORE_KERNELS
         + ["kernels/cpu/cpu_isa.c"],
         CORE_CUDA,
     )
 
 
-def kernels_extension(root):
+def kernels_extension():
     """flashinfer._kernels: the mirror's kernel entry points (csrc/ops) over the compute
     kernels (kernels/cpu, kernels/cuda)."""
     return extension(
-        root,
         "flashinfer._kernels",
-        rel(root, "csrc/ops/*.c")
+        rel("csrc/ops/*.c")
         + ["csrc/tensorfile/tensor.c", "csrc/tensorfile/strbuf.c", "csrc/core/cuda_info.c"]
-        + [c for c in rel(root, "kernels/cpu/*.c") if c not in CORE_KERNELS],
-        [c for c in rel(root, "kernels/cuda/*.cu") if c not in CORE_CUDA[1:]],
+        + [c for c in rel("kernels/cpu/*.c") if c not in CORE_KERNELS],
+        [c for c in rel("kernels/cuda/*.cu") if c not in CORE_CUDA[1:]],
     )

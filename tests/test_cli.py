@@ -388,7 +388,7 @@ def test_info_says_whether_the_switch_is_on_and_where_the_hook_file_is(tmp_path)
     ).stdout
     assert "FLASHINFER_NATIVE_LOGGING: '0' (off for processes started here)\n" in out
     assert "import hook in this process: installed\n" in out
-    # this virtualenv has the mirror installed, not ./native: no start-up hook file
+    # this virtualenv has ./native installed editable, which leaves the start-up hook out
     assert (
         "start-up hook (.pth): not installed (pip install ./native (from a flashinfer-c "
         "checkout) installs it)\n" in out

@@ -10,17 +10,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_every_python_package_is_in_the_wheel():
-    """setuptools packs only the packages pyproject.toml lists: a subpackage left out works
-    in the editable install and is missing from the wheel."""
+    """setuptools packs only the packages listed: a subpackage left out works in the
+    editable install and is missing from the wheel. flashinfer-c (pyproject.toml) ships
+    the mirror, flashinfer-native (native/setup.py) the core (docs/install.md)."""
     table = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools]", 1)[1]
     packages = re.search(r"packages = \[(.*?)\]", table, re.S)[1]  # no tomllib on 3.10
-    listed = set(re.findall(r'"([\w.]+)"', packages))
-    on_disk = {
-        ".".join(init.parent.relative_to(ROOT).parts)
-        for top in ("flashinfer", "flashinfer_native")
-        for init in (ROOT / top).rglob("__init__.py")
-    }
-    assert on_disk == listed
+    native = re.search(r"packages=\[(.*?)\]", (ROOT / "native" / "setup.py").read_text())[1]
+    for listed, top in ((packages, "flashinfer"), (native, "flashinfer_native")):
+        on_disk = {
+            ".".join(init.parent.relative_to(ROOT).parts)
+            for init in (ROOT / top).rglob("__init__.py")
+        }
+        assert on_disk == set(re.findall(r'"([\w.]+)"', listed)), top
 
 
 def test_version_at_least_compares_as_pep_440():

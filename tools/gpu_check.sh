@@ -44,7 +44,9 @@ say() { printf '%s\n' "$*" | tee -a "$LOG"; }
 
 # The steps, each run as `tools/gpu_check.sh --run-step FUNCTION ARGS` under timeout.
 build() {
-    "$PYTHON" setup.py -q build_ext --inplace --build-temp build/gpu_check &&
+    # the core from native/ (flashinfer-native), then the mirror's kernels (flashinfer-c)
+    (cd native && "$PYTHON" setup.py -q build_ext --inplace --build-temp "$REPO/build/gpu_check") &&
+        "$PYTHON" setup.py -q build_ext --inplace --build-temp build/gpu_check &&
         "$PYTHON" -c 'import sys; from flashinfer import _kernels; import flashinfer_native._C
 print("flashinfer._kernels: CUDA kernels built:", _kernels.cuda_built)
 sys.exit(0 if _kernels.cuda_built or not '"$GPU"' else 1)'
