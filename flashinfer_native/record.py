@@ -15,6 +15,7 @@ import json
 import keyword
 import math
 import re
+import types
 from dataclasses import dataclass, field
 
 from . import _C
@@ -22,9 +23,13 @@ from .terminal import brief
 
 __all__ = [
     "DIR_NAME",
+    "FIELDS",
     "FORMAT",
     "METADATA_FILE",
+    "NESTED_KEY",
     "SESSION_FILE",
+    "STATUS",
+    "TOP_KEY",
     "MAX_DEPTH",
     "MAX_LINE_BYTES",
     "MAX_METADATA_BYTES",
@@ -39,13 +44,21 @@ __all__ = [
     "Sequence",
     "TensorRef",
     "Value",
+    "arg_key",
     "bounded_lines",
+    "call_dir_name",
     "decode_inputs",
     "decode_result",
+    "dict_item_keys",
     "dotted_name",
     "field_problem",
     "index_of",
+    "item_key",
+    "kwarg_key",
     "parse_record",
+    "result_key",
+    "stamp",
+    "tensor_file_name",
 ]
 
 # ------------------------------------------------------------------------ layout
@@ -77,6 +90,79 @@ DIR_NAME = re.compile(
     re.ASCII,
 )
 
+
+def _names(key):
+    """A namespace whose attribute ``x`` is ``"x"`` for each name of ``FORMAT[key]``: a
+    field the core does not list is an AttributeError, not a silently new key."""
+    return types.SimpleNamespace(**{name: name for name in FORMAT[key]})
+
+
+# The fields of a record (``FIELDS.function_name``), of its ``tensor_info`` and of each
+# ``tensor_details`` entry, and of its ``exception``, as the core lists them.
+FIELDS = _names("record_fields")
+TENSOR_INFO_FIELDS = _names("tensor_info_fields")
+TENSOR_DETAIL_FIELDS = _names("tensor_detail_fields")
+EXCEPTION_FIELDS = _names("exception_fields")
+# The values of ``execution_status`` (``STATUS.completed``).
+STATUS = _names("execution_statuses")
+
+# ------------------------------------------------------------------ writer side
+
+# What a writer of dumps other than the core (the tests' DumpWriter) names through here,
+# so that every name of a dump is the core's.
+
+
+def stamp(when):
+    """The STAMP of a call directory for the datetime ``when``: strftime of the core's
+    format, then ``_`` and the milliseconds in 3 digits."""
+    return f"{when.strftime(FORMAT['stamp_format'])}_{when.microsecond // 1000:03d}"
+
+
+def call_dir_name(stamp_text, pid, name, count):
+    """The directory of call ``count`` of ``name``: ``STAMP _pid PID _ NAME _call N``, with
+    every character of ``name`` the core does not keep replaced by ``_``."""
+    safe = "".join(c if c in FORMAT["name_chars"] else "_" for c in name)
+    return (
+        f"{stamp_text}{FORMAT['pid_mark']}{pid}_{safe}"
+        f"{FORMAT['call_mark']}{count:0{FORMAT['call_digits']}d}"
+    )
+
+
+def tensor_file_name(which, tensor_format):
+    """``inputs.pt``: the tensor file of ``which`` (``"inputs"`` or ``"outputs"``) in
+    ``tensor_format`` (``"torch"`` or ``"safetensors"``)."""
+    return f"{FORMAT[which]}.{FORMAT['tensor_extensions'][tensor_format]}"
+
+
+def arg_key(i):
+    """The key of positional argument ``i``."""
+    return f"{FORMAT['arg_prefix']}{i}"
+
+
+def kwarg_key(name):
+    """The key of keyword argument ``name``."""
+    return f"{FORMAT['kwarg_prefix']}{name}"
+
+
+def result_key(i=None):
+    """The key of the return value, or of item ``i`` of a returned tuple."""
+    return FORMAT["result_key"] if i is None else f"{FORMAT['result_key']}_{i}"
+
+
+def item_key(parent, i):
+    """The key of item ``i`` of a list or tuple recorded under ``parent``."""
+    return f"{parent}{FORMAT['nested_separator']}{i}"
+
+
+def dict_item_keys(parent, i):
+    """The keys of the key and of the value of item ``i`` of a dict under ``parent``."""
+    sep = FORMAT["nested_separator"]
+    return (
+        f"{parent}{sep}{FORMAT['dict_key_mark']}{i}",
+        f"{parent}{sep}{FORMAT['dict_value_mark']}{i}",
+    )
+
+
 # ------------------------------------------------------------------------ bounds
 
 # A record is a few KB, a metadata file holds two lines plus one per CUDA-graph flush:
@@ -102,8 +188,24 @@ MAX_SCRATCH_DIMS = 64
 # ----------------------------------------------------------------------- grammar
 
 # Keys are ASCII: a Unicode digit would pass str.isdigit() and int() (arg_٣ is arg_3).
-_INDEXED_KEY = re.compile(r"(arg|result)_([0-9]{1,9})", re.ASCII)
-NESTED_KEY = re.compile(r"__([0-9]+|key_[0-9]+|value_[0-9]+)$", re.ASCII)
+# Built from the core's prefixes (docs/dump-format.md#argument-keys).
+_ARG, _KWARG = FORMAT["arg_prefix"], FORMAT["kwarg_prefix"]
+_RESULT, _SEP = FORMAT["result_key"], FORMAT["nested_separator"]
+_POSITION_PREFIX = {"arg": _ARG, "result": f"{_RESULT}_"}
+# arg_{i} or result_{i} (groups: the prefix, i)
+_INDEXED_KEY = re.compile(
+    rf"({re.escape(_ARG)}|{re.escape(_RESULT)}_)([0-9]{{1,9}})",
+    re.ASCII,
+)
+# the last level of a nested key: __{i}, __key_{i}, __value_{i}
+NESTED_KEY = re.compile(
+    rf"{re.escape(_SEP)}([0-9]+|{re.escape(FORMAT['dict_key_mark'])}[0-9]+"
+    rf"|{re.escape(FORMAT['dict_value_mark'])}[0-9]+)$",
+    re.ASCII,
+)
+# an input key: arg_{i} or kwarg_{name}, then nested levels (groups: the top key, i, name,
+# the nested rest)
+TOP_KEY = re.compile(rf"^({re.escape(_ARG)}(\d+)|{re.escape(_KWARG)}(.+?))({re.escape(_SEP)}.*)?$")
 _ASCII_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
@@ -127,7 +229,7 @@ def index_of(key, prefix):
         The index is :data:`MAX_POSITION` or more.
     """
     match = _INDEXED_KEY.fullmatch(key) if isinstance(key, str) else None
-    if match is None or match.group(1) != prefix:
+    if match is None or match.group(1) != _POSITION_PREFIX[prefix]:
         return None
     index = int(match.group(2))
     if index >= MAX_POSITION:
@@ -495,8 +597,8 @@ def decode_inputs(metadata, tensor_keys, where):
             raise decoder.error("input_metadata", exc) from None
         if index is not None:
             positional[index] = (key, decoder.decode(enc, key))
-        elif key.startswith("kwarg_"):
-            keywords.append((key[6:], key, decoder.decode(enc, key)))
+        elif key.startswith(_KWARG):
+            keywords.append((key[len(_KWARG) :], key, decoder.decode(enc, key)))
     count = max(positional) + 1 if positional else 0
     return Arguments([positional.get(i) for i in range(count)], keywords)
 
@@ -507,13 +609,13 @@ def decode_result(metadata, tensor_keys, where):
     ``{"type": "tuple", "length": n}`` plus ``result_{i}`` keys."""
     decoder = _Decoder(where)
     tensor_keys = set(tensor_keys)
-    if "result" in tensor_keys:
-        return TensorRef("result")
-    marker = metadata.get("result")
-    if "result" in metadata and not (
+    if _RESULT in tensor_keys:
+        return TensorRef(_RESULT)
+    marker = metadata.get(_RESULT)
+    if _RESULT in metadata and not (
         isinstance(marker, dict) and "length" in marker and "items" not in marker
     ):
-        return decoder.decode(marker, "result")
+        return decoder.decode(marker, _RESULT)
     items = {}
     for key, enc in _with_tensors(metadata, tensor_keys).items():
         try:

@@ -5,7 +5,9 @@ kernel APIs, so they are registered and replay can call them once told to trust 
 module (``allow_modules=["replay_helpers"]``, ``--allow-module replay_helpers``).
 ``TouchOnInit`` and ``SegmentSumWrapper.touch`` are not decorated: dumps naming them
 must be refused. ``DumpWriter`` writes level-10 dumps the way the recorder does (our
-format, or FlashInfer's: no ``sequence`` key).
+format, or FlashInfer's: no ``sequence`` key): every file name, directory name, key and
+record field through flashinfer_native.record, which takes them from the core
+(_C.DUMP_FORMAT).
 """
 
 import enum
@@ -19,7 +21,15 @@ from datetime import datetime
 import torch
 
 from flashinfer.api_logging import flashinfer_api
+from flashinfer.version import __version__ as flashinfer_version
 from flashinfer_native import _C
+from flashinfer_native import record as rec
+
+F = rec.FIELDS
+INFO = rec.TENSOR_INFO_FIELDS
+DETAIL = rec.TENSOR_DETAIL_FIELDS
+EXC = rec.EXCEPTION_FIELDS
+STATUS = rec.STATUS
 
 
 class Reduction(enum.Enum):
@@ -167,19 +177,18 @@ def encode(value, key, tensors):
         return {
             "type": type(value).__name__,
             "length": len(value),
-            "items": [encode(v, f"{key}__{i}", tensors) for i, v in enumerate(value)],
+            "items": [encode(v, rec.item_key(key, i), tensors) for i, v in enumerate(value)],
             "truncated": False,
         }
     if isinstance(value, dict):
-        items = [
-            {
-                "key": encode(k, f"{key}__key_{i}", tensors),
-                "value": encode(v, f"{key}__value_{i}", tensors),
-            }
-            for i, (k, v) in enumerate(value.items())
-        ]
+        items = []
+        for i, (k, v) in enumerate(value.items()):
+            key_key, value_key = rec.dict_item_keys(key, i)
+            items.append(
+                {"key": encode(k, key_key, tensors), "value": encode(v, value_key, tensors)}
+            )
         return {"type": "dict", "length": len(value), "items": items, "truncated": False}
-    return {"type": type(value).__name__, "repr": repr(value)[:1000]}
+    return {"type": type(value).__name__, "repr": repr(value)[: rec.FORMAT["repr_limit"]]}
 
 
 def _encode_top(key, value, metadata, tensors):
@@ -192,10 +201,10 @@ def _encode_top(key, value, metadata, tensors):
 def _details(tensors):
     return {
         k: {
-            "shape": list(t.shape),
-            "dtype": str(t.dtype),
-            "stride": list(t.stride()),
-            "device": str(t.device),
+            DETAIL.shape: list(t.shape),
+            DETAIL.dtype: str(t.dtype),
+            DETAIL.stride: list(t.stride()),
+            DETAIL.device: str(t.device),
         }
         for k, t in tensors.items()
     }
@@ -274,11 +283,13 @@ class DumpWriter:
         )
 
     # -- internals
-    def _save(self, dump_dir, stem, tensors):
+    def _save(self, dump_dir, which, tensors):
+        # torch.save as FlashInfer writes (whole storages: a view keeps its offset), or
+        # safetensors with the strides and requires_grad in the header as the core writes
+        path = os.path.join(dump_dir, rec.tensor_file_name(which, self.fmt))
         if self.fmt == "safetensors":
             from safetensors.torch import save_file
 
-            path = os.path.join(dump_dir, stem + ".safetensors")
             meta = {
                 "flashinfer.strides": json.dumps({k: list(t.stride()) for k, t in tensors.items()}),
                 "flashinfer.requires_grad": json.dumps(
@@ -288,15 +299,14 @@ class DumpWriter:
             data = {k: t.detach().cpu().contiguous().clone() for k, t in tensors.items()}
             save_file(data, path + ".tmp", metadata=meta)
         else:
-            path = os.path.join(dump_dir, stem + ".pt")
             torch.save({k: t.detach().cpu() for k, t in tensors.items()}, path + ".tmp")
         os.rename(path + ".tmp", path)
 
     def _append(self, dump_dir, record):
         line = json.dumps(record) + "\n"
         for path in (
-            os.path.join(dump_dir, "metadata.jsonl"),
-            os.path.join(self.root, "session.jsonl"),
+            os.path.join(dump_dir, rec.METADATA_FILE),
+            os.path.join(self.root, rec.SESSION_FILE),
         ):
             with open(path, "a") as f:
                 f.write(line)
@@ -304,47 +314,46 @@ class DumpWriter:
     def _record(self, name, raw, runner, args, kwargs, self_id, crash, run_args=None):
         count = self.counters[name] = self.counters.get(name, 0) + 1
         self.sequence += 1
-        ts = self.timestamp or datetime.now().strftime("%Y%m%d_%H%M%S_%f")[:-3]
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-        dump_dir = os.path.join(self.root, f"{ts}_pid{self.pid}_{safe}_call{count:04d}")
+        ts = self.timestamp or rec.stamp(datetime.now())
+        dump_dir = os.path.join(self.root, rec.call_dir_name(ts, self.pid, name, count))
         os.makedirs(dump_dir)
         self.dirs.append(dump_dir)
         in_meta, in_tensors = {}, {}
         for i, value in enumerate(args):
-            _encode_top(f"arg_{i}", value, in_meta, in_tensors)
+            _encode_top(rec.arg_key(i), value, in_meta, in_tensors)
         for k, value in kwargs.items():
-            _encode_top(f"kwarg_{k}", value, in_meta, in_tensors)
+            _encode_top(rec.kwarg_key(k), value, in_meta, in_tensors)
         in_bytes = _nbytes(in_tensors)
         record = {
-            "function_name": name,
-            "module": raw.__module__,
-            "call_sequence": count,
-            "timestamp": ts,
-            "process_id": self.pid,
-            "input_metadata": in_meta,
-            "output_metadata": {},
-            "tensor_info": {
-                "input_tensor_keys": list(in_tensors),
-                "output_tensor_keys": [],
-                "input_size_bytes": in_bytes,
-                "input_size_mb": in_bytes / 1048576,
+            F.function_name: name,
+            F.module: raw.__module__,
+            F.call_sequence: count,
+            F.timestamp: ts,
+            F.process_id: self.pid,
+            F.input_metadata: in_meta,
+            F.output_metadata: {},
+            F.tensor_info: {
+                INFO.input_tensor_keys: list(in_tensors),
+                INFO.output_tensor_keys: [],
+                INFO.input_size_bytes: in_bytes,
+                INFO.input_size_mb: in_bytes / 1048576,
             },
-            "tensor_details": _details(in_tensors),
-            "tensor_format": self.fmt,
-            "function_signature": str(inspect.signature(raw)),
-            "versions": {
+            F.tensor_details: _details(in_tensors),
+            F.tensor_format: self.fmt,
+            F.function_signature: str(inspect.signature(raw)),
+            F.versions: {
                 "torch": torch.__version__,
                 "python": sys.version.split()[0],
-                "flashinfer": "0.1.0",
+                "flashinfer": flashinfer_version,
             },
-            "execution_status": "inputs_saved",
-            "graph_capture": False,
-            "dump_dir": dump_dir,
+            F.execution_status: STATUS.inputs_saved,
+            F.graph_capture: False,
+            F.dump_dir: dump_dir,
         }
         if self_id is not None:
-            record["self_id"] = self_id
+            record[F.self_id] = self_id
         if not self.flashinfer_style:
-            record["sequence"] = self.sequence
+            record[F.sequence] = self.sequence
         self._save(dump_dir, "inputs", in_tensors)
         self._append(dump_dir, record)
         if crash:
@@ -352,36 +361,35 @@ class DumpWriter:
         try:
             result = runner(*(run_args if run_args is not None else args), **kwargs)
         except Exception as exc:
-            record = dict(
-                record,
-                execution_status="exception",
-                exception={"type": type(exc).__name__, "message": str(exc)},
-            )
+            record = {
+                **record,
+                F.execution_status: STATUS.exception,
+                F.exception: {EXC.type: type(exc).__name__, EXC.message: str(exc)},
+            }
             self._append(dump_dir, record)
             raise
         out_meta, out_tensors = {}, {}
         if isinstance(result, tuple):
             for i, value in enumerate(result):
-                _encode_top(f"result_{i}", value, out_meta, out_tensors)
+                _encode_top(rec.result_key(i), value, out_meta, out_tensors)
         else:
-            _encode_top("result", result, out_meta, out_tensors)
+            _encode_top(rec.result_key(), result, out_meta, out_tensors)
         out_bytes = _nbytes(out_tensors)
         self._save(dump_dir, "outputs", out_tensors)
-        info = dict(
-            record["tensor_info"],
-            output_tensor_keys=list(out_tensors),
-            output_size_bytes=out_bytes,
-            output_size_mb=out_bytes / 1048576,
-            total_size_bytes=in_bytes + out_bytes,
-            total_size_mb=(in_bytes + out_bytes) / 1048576,
-        )
-        details = dict(record["tensor_details"], **_details(out_tensors))
-        record = dict(
-            record,
-            execution_status="completed",
-            output_metadata=out_meta,
-            tensor_info=info,
-            tensor_details=details,
-        )
+        info = {
+            **record[F.tensor_info],
+            INFO.output_tensor_keys: list(out_tensors),
+            INFO.output_size_bytes: out_bytes,
+            INFO.output_size_mb: out_bytes / 1048576,
+            INFO.total_size_bytes: in_bytes + out_bytes,
+            INFO.total_size_mb: (in_bytes + out_bytes) / 1048576,
+        }
+        record = {
+            **record,
+            F.execution_status: STATUS.completed,
+            F.output_metadata: out_meta,
+            F.tensor_info: info,
+            F.tensor_details: {**record[F.tensor_details], **_details(out_tensors)},
+        }
         self._append(dump_dir, record)
         return result

@@ -1,11 +1,15 @@
 """One owner of the dump format (docs/dump-format.md): the core's writer names its files,
 directories, keys and bounds in csrc/core/dump_format.h and exports them as
 _C.DUMP_FORMAT; the Python reader (flashinfer_native/record.py) takes its names from
-there. These tests hold a dump the core writes to what the reader accepts."""
+there, and so does the tests' own writer (replay_helpers.DumpWriter, through record.py's
+writer side). These tests hold a dump the core writes to what the reader accepts and to
+what the tests' writer writes."""
 
 import json
+import os
 
 import pytest
+import replay_helpers as h
 import torch
 from logging_utils import reload_api_logging, restore_level_0
 
@@ -13,6 +17,19 @@ from flashinfer_native import _C, dumpdir
 from flashinfer_native import record as rec
 
 FORMAT = _C.DUMP_FORMAT
+
+
+def fmt_probe(a, pair, table, scale=1.0):
+    return a * scale, [t + 1 for t in pair], len(table)
+
+
+def fmt_raises(x):
+    raise ValueError("no")
+
+
+def probe_args():
+    a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    return (a, [torch.ones(2), torch.zeros(3)], {"k": torch.ones(1), 3: "v"}), {"scale": 2.0}
 
 
 @pytest.fixture
@@ -26,22 +43,32 @@ def recorded(monkeypatch, tmp_path):
         FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
     )
     try:
-
-        @m.flashinfer_api
-        def fmt_probe(a, pair, table, scale=1.0):
-            return a * scale, [t + 1 for t in pair], len(table)
-
-        @m.flashinfer_api
-        def fmt_raises(x):
-            raise ValueError("no")
-
-        a = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-        fmt_probe(a, [torch.ones(2), torch.zeros(3)], {"k": torch.ones(1), 3: "v"}, scale=2.0)
+        args, kwargs = probe_args()
+        m.flashinfer_api(fmt_probe)(*args, **kwargs)
         with pytest.raises(ValueError):
-            fmt_raises(torch.ones(1))
+            m.flashinfer_api(fmt_raises)(torch.ones(1))
     finally:
         restore_level_0()
     return tmp_path / "dumps"
+
+
+@pytest.fixture
+def written(tmp_path):
+    """The same two calls written by the tests' DumpWriter."""
+    writer = h.DumpWriter(tmp_path / "written")
+    args, kwargs = probe_args()
+    writer.call(fmt_probe, *args, **kwargs)
+    with pytest.raises(ValueError):
+        writer.call(fmt_raises, torch.ones(1))
+    return tmp_path / "written"
+
+
+def call_dirs(root):
+    return sorted(p for p in root.iterdir() if p.is_dir())
+
+
+def last_records(root):
+    return [dumpdir.read_metadata(str(d))[-1] for d in call_dirs(root)]
 
 
 def test_the_reader_takes_its_names_from_the_core():
@@ -54,6 +81,12 @@ def test_the_reader_takes_its_names_from_the_core():
         rec.DIR_NAME.pattern
         == r"^(\d{4}\d{2}\d{2}_\d{2}\d{2}\d{2}_\d{3})_pid(\d+)_(.+)_call\d{4,}$"
     )
+    # the key grammar, from the core's prefixes, marks and separator
+    assert rec._INDEXED_KEY.pattern == r"(arg_|result_)([0-9]{1,9})"
+    assert rec.NESTED_KEY.pattern == r"__([0-9]+|key_[0-9]+|value_[0-9]+)$"
+    assert rec.TOP_KEY.pattern == r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$"
+    assert rec.index_of("arg_3", "arg") == 3 and rec.index_of("result_3", "arg") is None
+    assert rec.index_of("result_2", "result") == 2 and rec.index_of("arg_٣", "arg") is None
 
 
 def test_directories_and_files_are_those_the_core_names(recorded):
@@ -118,3 +151,116 @@ def test_the_key_grammar_reads_back_what_the_core_wrote(recorded):
 def test_the_writer_bounds_are_exported():
     assert FORMAT["max_items"] == 10000 and FORMAT["repr_limit"] == 1000
     assert FORMAT["call_digits"] == 4 and FORMAT["flush_digits"] == 4
+
+
+def test_the_writer_side_names_what_the_core_wrote(recorded):
+    for d, record in zip(call_dirs(recorded), last_records(recorded)):
+        stamp, pid, _ = rec.DIR_NAME.match(d.name).groups()
+        assert d.name == rec.call_dir_name(
+            stamp, pid, record["function_name"], record["call_sequence"]
+        )
+        fmt = record["tensor_format"]
+        assert (d / rec.tensor_file_name("inputs", fmt)).is_file()
+    assert (
+        rec.call_dir_name("S", 7, "Wrapper.run<lambda>", 3) == "S_pid7_Wrapper.run_lambda__call0003"
+    )
+    assert [rec.arg_key(0), rec.kwarg_key("x"), rec.result_key(), rec.result_key(1)] == [
+        "arg_0",
+        "kwarg_x",
+        "result",
+        "result_1",
+    ]
+    assert rec.item_key("arg_1", 2) == "arg_1__2"
+    assert rec.dict_item_keys("arg_2", 0) == ("arg_2__key_0", "arg_2__value_0")
+
+
+def test_the_fields_inside_a_record_are_those_the_core_lists(recorded):
+    probe, raises = last_records(recorded)
+    assert set(probe["tensor_info"]) == set(FORMAT["tensor_info_fields"])
+    assert all(
+        list(details) == list(FORMAT["tensor_detail_fields"])
+        for details in probe["tensor_details"].values()
+    )
+    assert list(raises["exception"]) == list(FORMAT["exception_fields"])
+    assert [probe["execution_status"], raises["execution_status"]] == [
+        rec.STATUS.completed,
+        rec.STATUS.exception,
+    ]
+    assert set(FORMAT["execution_statuses"]) == {
+        "inputs_saved",
+        "completed",
+        "exception",
+        "graph_capture_pending_flush",
+    }
+    assert rec.FIELDS.function_name == "function_name"
+    with pytest.raises(AttributeError):
+        rec.FIELDS.no_such_field  # noqa: B018
+
+
+def test_the_tests_writer_writes_what_the_core_writes(recorded, written):
+    """replay_helpers.DumpWriter, the third writer, names everything through record.py:
+    the same files, directory names (up to the stamp and pid), keys and fields as the
+    core, and the reader takes both the same way."""
+    core, tests = call_dirs(recorded), call_dirs(written)
+    assert [rec.DIR_NAME.match(d.name).group(3) for d in tests] == ["fmt_probe", "fmt_raises"]
+    assert [d.name.split("_pid")[1].split("_", 1)[1] for d in tests] == [
+        d.name.split("_pid")[1].split("_", 1)[1] for d in core
+    ]
+    assert [sorted(os.listdir(d)) for d in tests] == [sorted(os.listdir(d)) for d in core]
+    assert (written / FORMAT["session_file"]).is_file()
+    for mine, theirs in zip(last_records(written), last_records(recorded)):
+        # the core adds what only it knows (the recorder's own fields)
+        assert set(mine) <= set(theirs) and rec.field_problem(mine) is None
+        for name in ("input_metadata", "output_metadata"):
+            assert set(mine[name]) == set(theirs[name]), name
+        for name in ("tensor_info", "tensor_details", "exception"):
+            assert (mine.get(name) or {}).keys() == (theirs.get(name) or {}).keys(), name
+        for name in ("input_tensor_keys", "output_tensor_keys"):
+            assert mine["tensor_info"][name] == theirs["tensor_info"][name], name
+    assert [p for p, _ in dumpdir.ordered_dumps(written)] == [str(d) for d in tests]
+
+
+def test_the_tests_writer_spells_no_name_of_the_format():
+    """replay_helpers.py takes every file name, directory mark, key prefix and record
+    field from record.py: none is a string literal there (docstrings aside). The value
+    encodings' tags ("type", "shape", ...) are the encoder's own and not checked."""
+    import ast
+
+    names = {
+        FORMAT["session_file"],
+        FORMAT["metadata_file"],
+        FORMAT["stamp_format"],
+        FORMAT["pid_mark"],
+        FORMAT["call_mark"],
+        FORMAT["arg_prefix"],
+        FORMAT["kwarg_prefix"],
+        FORMAT["result_key"],
+        *FORMAT["record_fields"],
+        *FORMAT["tensor_info_fields"],
+        *FORMAT["execution_statuses"],
+        *(
+            f"{FORMAT[w]}.{ext}"
+            for w in ("inputs", "outputs")
+            for ext in FORMAT["tensor_extensions"].values()
+        ),
+        *(f".{ext}" for ext in FORMAT["tensor_extensions"].values()),
+    }
+    with open(h.__file__) as f:
+        tree = ast.parse(f.read())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    spelled = sorted(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and any(name in node.value for name in names)
+    )
+    assert spelled == []

@@ -48,12 +48,25 @@ static const char *const record_fields[] = {
     "calls_skipped",
 };
 
-static PyObject *fields_tuple(void)
+/* The keys of a record's tensor_info (dump.c), of each tensor_details entry
+ * (dump_encode.c) and of its exception (dump.c). */
+static const char *const tensor_info_fields[] = {
+    "input_tensor_keys", "output_tensor_keys", "input_size_bytes", "input_size_mb",
+    "output_size_bytes", "output_size_mb",     "total_size_bytes", "total_size_mb",
+};
+static const char *const tensor_detail_fields[] = {"shape", "dtype", "stride", "device"};
+static const char *const exception_fields[] = {"type", "message"};
+/* The values of execution_status (dump.c, graph_capture.c). */
+static const char *const execution_statuses[] = {"inputs_saved", "completed", "exception",
+                                                 "graph_capture_pending_flush"};
+
+#define FIELDS_TUPLE(array) fields_tuple(array, (Py_ssize_t)(sizeof array / sizeof array[0]))
+
+static PyObject *fields_tuple(const char *const *fields, Py_ssize_t n)
 {
-    Py_ssize_t n = (Py_ssize_t)(sizeof record_fields / sizeof record_fields[0]);
     PyObject *t = PyTuple_New(n);
     for (Py_ssize_t i = 0; t && i < n; i++) {
-        PyObject *s = PyUnicode_FromString(record_fields[i]);
+        PyObject *s = PyUnicode_FromString(fields[i]);
         if (!s) {
             Py_CLEAR(t);
             break;
@@ -65,12 +78,22 @@ static PyObject *fields_tuple(void)
 
 int fi_dump_format_exec(PyObject *module)
 {
-    PyObject *fields = fields_tuple();
-    if (!fields)
+    PyObject *fields = FIELDS_TUPLE(record_fields);
+    PyObject *info = FIELDS_TUPLE(tensor_info_fields);
+    PyObject *detail = FIELDS_TUPLE(tensor_detail_fields);
+    PyObject *exception = FIELDS_TUPLE(exception_fields);
+    PyObject *statuses = FIELDS_TUPLE(execution_statuses);
+    if (!fields || !info || !detail || !exception || !statuses) {
+        Py_XDECREF(fields);
+        Py_XDECREF(info);
+        Py_XDECREF(detail);
+        Py_XDECREF(exception);
+        Py_XDECREF(statuses);
         return -1;
+    }
     PyObject *d = Py_BuildValue(
         "{s:s,s:s,s:s,s:s,s:{s:s,s:s},s:s,s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,"
-        "s:i,s:N}",
+        "s:i,s:N,s:N,s:N,s:N,s:N}",
         "session_file", FI_DUMP_SESSION_FILE, "metadata_file", FI_DUMP_METADATA_FILE, "inputs",
         FI_DUMP_INPUTS, "outputs", FI_DUMP_OUTPUTS, "tensor_extensions", "torch", FI_DUMP_EXT_TORCH,
         "safetensors", FI_DUMP_EXT_SAFETENSORS, "graph_flushes", FI_DUMP_GRAPH_FLUSHES,
@@ -80,7 +103,9 @@ int fi_dump_format_exec(PyObject *module)
         FI_DUMP_NAME_CHARS, "arg_prefix", FI_KEY_ARG, "kwarg_prefix", FI_KEY_KWARG, "result_key",
         FI_KEY_RESULT, "nested_separator", FI_KEY_NESTED, "dict_key_mark", FI_KEY_DICT_KEY,
         "dict_value_mark", FI_KEY_DICT_VALUE, "max_items", FI_DUMP_MAX_ITEMS, "repr_limit",
-        FI_DUMP_REPR_LIMIT, "record_fields", fields);
+        FI_DUMP_REPR_LIMIT, "record_fields", fields, "tensor_info_fields", info,
+        "tensor_detail_fields", detail, "exception_fields", exception, "execution_statuses",
+        statuses);
     if (!d)
         return -1;
     int r = PyModule_AddObjectRef(module, "DUMP_FORMAT", d);
