@@ -166,7 +166,7 @@ def _key_label(key, params):
     """``q (arg_1)``: the parameter's name from the recorded signature, and the key;
     the key alone when the signature does not tell."""
     name = parameter_of(key, params)
-    if name is None or key == f"kwarg_{name}":
+    if name is None or key == rec.kwarg_key(name):
         return name or key
     return f"{name} ({key})"
 

@@ -61,7 +61,7 @@ RUNTIME_HELPERS = tuple(repro_runtime.__all__)
 
 _NESTED_KEY = rec.NESTED_KEY
 _DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-_TOP_KEY = re.compile(r"^(arg_(\d+)|kwarg_(.+?))(__.*)?$")
+_TOP_KEY = rec.TOP_KEY
 _CLOSERS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
