@@ -41,7 +41,7 @@ __all__ = [
 METADATA_FILE = rec.METADATA_FILE
 SESSION_FILE = rec.SESSION_FILE
 # the compact layout's manifest of a call's tensors, in place of inputs.pt / outputs.pt
-CHUNKS_SUFFIX = ".chunks.json"
+CHUNKS_SUFFIX = rec.CHUNKS_SUFFIX
 _DIR_NAME = rec.DIR_NAME
 
 
@@ -246,10 +246,9 @@ def tensor_file(dump_dir, stem, record):
     absent. Whatever is there is returned (the reader refuses what is not a regular file).
     The compact layout's manifest (``inputs.chunks.json``, docs/dump-format.md) is read
     like a tensor file."""
-    order = [".pt", ".safetensors", CHUNKS_SUFFIX]
-    first = {"safetensors": ".safetensors", "chunks": CHUNKS_SUFFIX}.get(
-        record.get("tensor_format")
-    )
+    order = list(rec.TENSOR_SUFFIXES.values())
+    tensor_format = record.get("tensor_format")
+    first = rec.TENSOR_SUFFIXES.get(tensor_format) if isinstance(tensor_format, str) else None
     if first:
         order.remove(first)
         order.insert(0, first)

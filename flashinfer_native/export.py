@@ -23,7 +23,9 @@ from . import record as rec
 
 __all__ = ["export_session"]
 
-_COPIED_SUFFIXES = (".pt", ".safetensors")
+# FlashInfer's tensor files, copied as they are; a manifest becomes a torch file
+_TORCH = "torch"
+_COPIED_SUFFIXES = (rec.TENSOR_SUFFIXES[_TORCH], rec.TENSOR_SUFFIXES["safetensors"])
 
 
 def _entries(path):
@@ -58,8 +60,8 @@ def _export_records(src, dst):
     for record in _records(src):
         if record is None:
             continue
-        if record.get("tensor_format") == "chunks":
-            record = dict(record, tensor_format="torch")
+        if record.get("tensor_format") == rec.COMPACT_FORMAT:
+            record = dict(record, tensor_format=_TORCH)
         lines.append(json.dumps(record) + "\n")
     with open(dst, "x") as f:
         f.writelines(lines)
@@ -93,7 +95,7 @@ def _export_dir(src, dst, counts):
         elif name == dumpdir.METADATA_FILE:
             _export_records(s, d)
         elif name.endswith(dumpdir.CHUNKS_SUFFIX):
-            _export_manifest(s, d[: -len(dumpdir.CHUNKS_SUFFIX)] + ".pt")
+            _export_manifest(s, d[: -len(dumpdir.CHUNKS_SUFFIX)] + rec.TENSOR_SUFFIXES[_TORCH])
             counts["converted"] += 1
         elif name.endswith(_COPIED_SUFFIXES):
             shutil.copyfile(s, d)
@@ -123,7 +125,7 @@ def export_session(src, out):
     counts = {"calls": 0, "converted": 0}
     for name, st in _entries(src):
         s = os.path.join(src, name)
-        if name == "session.jsonl" and stat.S_ISREG(st.st_mode):
+        if name == rec.SESSION_FILE and stat.S_ISREG(st.st_mode):
             _export_records(s, os.path.join(out, name))
         elif stat.S_ISDIR(st.st_mode) and os.path.isfile(os.path.join(s, dumpdir.METADATA_FILE)):
             _export_dir(s, os.path.join(out, name), counts)

@@ -22,13 +22,18 @@ from . import _C
 from .terminal import brief
 
 __all__ = [
+    "CHUNKS_DIR",
+    "CHUNKS_SUFFIX",
+    "COMPACT_FORMAT",
     "DIR_NAME",
     "FIELDS",
     "FORMAT",
     "METADATA_FILE",
     "NESTED_KEY",
+    "PACK_SUFFIX",
     "SESSION_FILE",
     "STATUS",
+    "TENSOR_SUFFIXES",
     "TOP_KEY",
     "MAX_DEPTH",
     "MAX_LINE_BYTES",
@@ -96,6 +101,17 @@ def _names(key):
     field the core does not list is an AttributeError, not a silently new key."""
     return types.SimpleNamespace(**{name: name for name in FORMAT[key]})
 
+
+# The tensor files: ``tensor_format`` -> the suffix of CALL/inputs<suffix> (``.pt``,
+# ``.safetensors``, and the compact layout's manifest, ``.chunks.json``), in the order a
+# reader tries them when the record does not say.
+TENSOR_SUFFIXES = {name: f".{ext}" for name, ext in FORMAT["tensor_extensions"].items()}
+# The compact layout: a call's tensors as a manifest (``tensor_format`` COMPACT_FORMAT) of
+# chunks in packs (``*PACK_SUFFIX``) under ROOT/CHUNKS_DIR/.
+COMPACT_FORMAT = "chunks"
+CHUNKS_SUFFIX = TENSOR_SUFFIXES[COMPACT_FORMAT]
+CHUNKS_DIR = FORMAT["chunks_dir"]
+PACK_SUFFIX = f".{FORMAT['pack_ext']}"
 
 # The fields of a record (``FIELDS.function_name``), of its ``tensor_info`` and of each
 # ``tensor_details`` entry, and of its ``exception``, as the core lists them.

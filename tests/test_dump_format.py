@@ -264,3 +264,103 @@ def test_the_tests_writer_spells_no_name_of_the_format():
         and any(name in node.value for name in names)
     )
     assert spelled == []
+
+
+# --------------------------------------------------------------- the compact layout
+
+
+@pytest.fixture
+def compact(monkeypatch, tmp_path):
+    """The two calls of ``recorded`` at level 10 in the compact layout."""
+    m = reload_api_logging(
+        monkeypatch,
+        FLASHINFER_LOGLEVEL="10",
+        FLASHINFER_LOGDEST=str(tmp_path / "log.txt"),
+        FLASHINFER_DUMP_DIR=str(tmp_path / "compact"),
+        FLASHINFER_DUMP_LAYOUT="compact",
+    )
+    try:
+        args, kwargs = probe_args()
+        m.flashinfer_api(fmt_probe)(*args, **kwargs)
+        with pytest.raises(ValueError):
+            m.flashinfer_api(fmt_raises)(torch.ones(1))
+    finally:
+        restore_level_0()
+    return tmp_path / "compact"
+
+
+def test_the_compact_layout_is_named_by_the_core(compact):
+    assert FORMAT["tensor_extensions"] == {
+        "torch": "pt",
+        "safetensors": "safetensors",
+        "chunks": "chunks.json",
+    }
+    assert (FORMAT["chunks_dir"], FORMAT["pack_ext"], FORMAT["ring_pack_prefix"]) == (
+        "chunks",
+        "pack",
+        "ring-",
+    )
+    assert rec.CHUNKS_SUFFIX == dumpdir.CHUNKS_SUFFIX == ".chunks.json"
+    assert rec.TENSOR_SUFFIXES == {
+        "torch": ".pt",
+        "safetensors": ".safetensors",
+        "chunks": ".chunks.json",
+    }
+    # the root: session.jsonl, the call directories and the chunks folder of packs
+    dirs = call_dirs(compact)
+    assert sorted(p.name for p in compact.iterdir()) == sorted(
+        [FORMAT["session_file"], FORMAT["chunks_dir"], *(d.name for d in dirs)]
+    )
+    packs = list((compact / rec.CHUNKS_DIR).iterdir())
+    assert packs and all(p.name.endswith(rec.PACK_SUFFIX) for p in packs)
+    probe, raises = dirs
+    ext = FORMAT["tensor_extensions"][rec.COMPACT_FORMAT]
+    assert sorted(p.name for p in probe.iterdir()) == sorted(
+        [FORMAT["metadata_file"], f"{FORMAT['inputs']}.{ext}", f"{FORMAT['outputs']}.{ext}"]
+    )
+    assert sorted(p.name for p in raises.iterdir()) == sorted(
+        [FORMAT["metadata_file"], f"{FORMAT['inputs']}.{ext}"]
+    )
+    assert [r["tensor_format"] for r in last_records(compact)] == [rec.COMPACT_FORMAT] * 2
+
+
+def test_a_compact_session_holds_only_listed_fields(compact):
+    listed = set(FORMAT["record_fields"])
+    with open(compact / FORMAT["session_file"]) as f:
+        lines = [json.loads(line) for line in f]
+    assert len(lines) == 4
+    for record in lines:
+        assert set(record) - listed == set(), record.get("function_name")
+        assert rec.field_problem(record) is None
+        assert set(record["tensor_info"]) <= set(FORMAT["tensor_info_fields"])
+    for d in call_dirs(compact):
+        with open(d / f"{FORMAT['inputs']}{rec.CHUNKS_SUFFIX}") as f:
+            manifest = json.load(f)
+        assert list(manifest) == list(FORMAT["manifest_fields"])
+        assert manifest["format"] == FORMAT["manifest_format"] == "flashinfer-native chunks"
+        assert manifest["version"] == FORMAT["manifest_version"] == 1
+        assert all(name.endswith(rec.PACK_SUFFIX) for name in manifest["packs"])
+        for tensor in manifest["tensors"].values():
+            assert set(tensor) <= set(FORMAT["manifest_tensor_fields"]), tensor
+
+
+def test_the_readers_take_a_compact_session_as_the_core_wrote_it(compact, recorded):
+    """dumpdir finds the manifests by the core's suffix, the order is the directory
+    pattern's, and replay rebuilds the same call from chunks as from the torch files."""
+    from flashinfer_native.replay import replay_from_dump
+
+    dirs = call_dirs(compact)
+    assert [p for p, _ in dumpdir.ordered_dumps(compact)] == [str(d) for d in dirs]
+    probe = dirs[0]
+    record = last_records(compact)[0]
+    path = dumpdir.tensor_file(str(probe), FORMAT["inputs"], record)
+    assert path == str(probe / f"{FORMAT['inputs']}{rec.CHUNKS_SUFFIX}")
+    from_chunks = replay_from_dump(probe, compare_outputs=True, device="cpu")
+    from_torch = replay_from_dump(call_dirs(recorded)[0], compare_outputs=True, device="cpu")
+    a, pair, table = from_chunks["args"]
+    b, pair_b, table_b = from_torch["args"]
+    assert torch.equal(a, b) and all(torch.equal(x, y) for x, y in zip(pair, pair_b))
+    assert list(table) == list(table_b) and torch.equal(table["k"], table_b["k"])
+    assert from_chunks["kwargs"] == from_torch["kwargs"] == {"scale": 2.0}
+    out, plus_one, n = from_chunks["expected_result"]
+    assert torch.equal(out, a * 2) and torch.equal(plus_one[1], torch.ones(3)) and n == 2

@@ -139,8 +139,9 @@ static void remove_partial(const fi_ring *r, const char *dir)
 {
     int err = errno;
     static const char *const stems[] = {FI_DUMP_INPUTS ".", FI_DUMP_OUTPUTS "."};
-    static const char *const names[] = {FI_DUMP_METADATA_FILE, "inputs.chunks.json",
-                                        "outputs.chunks.json"};
+    static const char *const names[] = {FI_DUMP_METADATA_FILE,
+                                        FI_DUMP_INPUTS "." FI_DUMP_EXT_CHUNKS,
+                                        FI_DUMP_OUTPUTS "." FI_DUMP_EXT_CHUNKS};
     char name[64], *path = r->scratch->removed;
     for (int i = 0; i < 5; i++) {
         if (i < 2 ? join3(name, stems[i], r->ext, "") < 0 : join3(name, names[i - 2], "", "") < 0)
@@ -165,11 +166,11 @@ static int pack_name(char *dst, size_t cap, const fi_ring *r, uint64_t k)
 {
     char num[24];
     const char *d = decimal(num, (unsigned long long)k, 1);
-    if (strlen(r->pack_prefix) + strlen(d) + 6 > cap) {
+    if (strlen(r->pack_prefix) + strlen(d) + sizeof "." FI_DUMP_PACK_EXT > cap) {
         errno = ENAMETOOLONG;
         return -1;
     }
-    return join3(dst, r->pack_prefix, d, ".pack");
+    return join3(dst, r->pack_prefix, d, "." FI_DUMP_PACK_EXT);
 }
 
 /* Calls the chunks of m, each reference once. */
@@ -252,8 +253,9 @@ static int write_pack(fi_ring *r, uint64_t k, long long first, int *err)
 {
     char name[128], *dir = r->scratch->pack_dir, *path = r->scratch->pack_path;
     *err = 0;
-    if (pack_name(name, sizeof name, r, k) < 0 || join3(dir, r->root, "/chunks", "") < 0 ||
-        make_dirs(r, dir) < 0 || join3(path, dir, "/", name) < 0)
+    if (pack_name(name, sizeof name, r, k) < 0 ||
+        join3(dir, r->root, "/" FI_DUMP_CHUNKS_DIR, "") < 0 || make_dirs(r, dir) < 0 ||
+        join3(path, dir, "/", name) < 0)
         return -1;
     pack_out p = {open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), 0, 0, 0};
     if (p.fd < 0)
@@ -300,7 +302,8 @@ static size_t manifest_head(char *buf, size_t cap, const fi_ring *r, const fi_ri
     if (pack_name(name, sizeof name, r, k) < 0)
         return 0;
     size_t len = 0;
-    const char *parts[] = {"{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [\"",
+    const char *parts[] = {"{\"format\": \"" FI_COMPACT_FORMAT
+                           "\", \"version\": " FI_COMPACT_VERSION ", \"packs\": [\"",
                            name, "\"], "};
     if (assemble(buf, cap, &len, parts, 3) < 0) {
         errno = ENAMETOOLONG;
@@ -322,7 +325,8 @@ static int write_slot(const fi_ring *r, fi_ring_slot *s, int session_fd, int pac
     const fi_ring_files *f = &s->files;
     const fi_image *images[2] = {&f->inputs, &f->outputs};
     const fi_ring_manifest *manifests[2] = {&f->cin, &f->cout};
-    static const char *const chunk_names[2] = {"inputs.chunks.json", "outputs.chunks.json"};
+    static const char *const chunk_names[2] = {FI_DUMP_INPUTS "." FI_DUMP_EXT_CHUNKS,
+                                               FI_DUMP_OUTPUTS "." FI_DUMP_EXT_CHUNKS};
     const unsigned bits[2] = {FI_WROTE_INPUTS, FI_WROTE_OUTPUTS};
     int fresh = !(s->wrote & FI_WROTE_DIR);
     unsigned missing = 0;

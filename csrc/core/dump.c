@@ -201,9 +201,9 @@ static PyObject *build_record(fi_recorder *recorder, const fi_dump_api *api, PyO
         "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys", PyList_New(0),
         "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes), "tensor_details",
         ts->details, "tensor_format",
-        recorder->compact && !capturing ? "chunks"
-        : recorder->cfg->safetensors    ? "safetensors"
-                                        : "torch",
+        recorder->compact && !capturing ? FI_DUMP_FORMAT_CHUNKS
+        : recorder->cfg->safetensors    ? FI_DUMP_FORMAT_SAFETENSORS
+                                        : FI_DUMP_FORMAT_TORCH,
         "function_signature", api->signature_text ? api->signature_text : Py_None, "versions",
         versions ? versions : Py_None, "execution_status",
         capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",

@@ -56,6 +56,11 @@ static const char *const tensor_info_fields[] = {
 };
 static const char *const tensor_detail_fields[] = {"shape", "dtype", "stride", "device"};
 static const char *const exception_fields[] = {"type", "message"};
+/* The keys of a compact manifest (compact.c, crash_writer.c) and of each of its tensors. */
+static const char *const manifest_fields[] = {"format", "version", "packs", "tensors"};
+static const char *const manifest_tensor_fields[] = {
+    "dtype", "shape", "stride", "requires_grad", "span_bytes", "pages", "chunks",
+};
 /* The values of execution_status (dump.c, graph_capture.c). */
 static const char *const execution_statuses[] = {"inputs_saved", "completed", "exception",
                                                  "graph_capture_pending_flush"};
@@ -83,20 +88,28 @@ int fi_dump_format_exec(PyObject *module)
     PyObject *detail = FIELDS_TUPLE(tensor_detail_fields);
     PyObject *exception = FIELDS_TUPLE(exception_fields);
     PyObject *statuses = FIELDS_TUPLE(execution_statuses);
-    if (!fields || !info || !detail || !exception || !statuses) {
+    PyObject *manifest = FIELDS_TUPLE(manifest_fields);
+    PyObject *manifest_tensor = FIELDS_TUPLE(manifest_tensor_fields);
+    if (!fields || !info || !detail || !exception || !statuses || !manifest || !manifest_tensor) {
         Py_XDECREF(fields);
         Py_XDECREF(info);
         Py_XDECREF(detail);
         Py_XDECREF(exception);
         Py_XDECREF(statuses);
+        Py_XDECREF(manifest);
+        Py_XDECREF(manifest_tensor);
         return -1;
     }
     PyObject *d = Py_BuildValue(
-        "{s:s,s:s,s:s,s:s,s:{s:s,s:s},s:s,s:s,s:i,s:s,s:s,s:s,s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,"
-        "s:i,s:N,s:N,s:N,s:N,s:N}",
+        "{s:s,s:s,s:s,s:s,s:{s:s,s:s,s:s},s:s,s:s,s:s,s:s,s:i,s:N,s:N,s:s,s:s,s:i,s:s,s:s,s:s,s:i,"
+        "s:s,s:s,s:s,s:s,s:s,s:s,s:s,s:i,s:i,s:N,s:N,s:N,s:N,s:N}",
         "session_file", FI_DUMP_SESSION_FILE, "metadata_file", FI_DUMP_METADATA_FILE, "inputs",
-        FI_DUMP_INPUTS, "outputs", FI_DUMP_OUTPUTS, "tensor_extensions", "torch", FI_DUMP_EXT_TORCH,
-        "safetensors", FI_DUMP_EXT_SAFETENSORS, "graph_flushes", FI_DUMP_GRAPH_FLUSHES,
+        FI_DUMP_INPUTS, "outputs", FI_DUMP_OUTPUTS, "tensor_extensions", FI_DUMP_FORMAT_TORCH,
+        FI_DUMP_EXT_TORCH, FI_DUMP_FORMAT_SAFETENSORS, FI_DUMP_EXT_SAFETENSORS,
+        FI_DUMP_FORMAT_CHUNKS, FI_DUMP_EXT_CHUNKS, "chunks_dir", FI_DUMP_CHUNKS_DIR, "pack_ext",
+        FI_DUMP_PACK_EXT, "ring_pack_prefix", FI_DUMP_RING_PACK_PREFIX, "manifest_format",
+        FI_COMPACT_FORMAT, "manifest_version", atoi(FI_COMPACT_VERSION), "manifest_fields",
+        manifest, "manifest_tensor_fields", manifest_tensor, "graph_flushes", FI_DUMP_GRAPH_FLUSHES,
         "flush_prefix", FI_DUMP_FLUSH_PREFIX, "flush_digits", atoi(FI_DUMP_FLUSH_DIGITS),
         "stamp_format", FI_DUMP_STAMP_FORMAT, "pid_mark", FI_DUMP_PID_MARK, "call_mark",
         FI_DUMP_CALL_MARK, "call_digits", atoi(FI_DUMP_CALL_DIGITS), "name_chars",

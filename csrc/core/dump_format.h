@@ -5,16 +5,30 @@
 #ifndef FI_DUMP_FORMAT_H
 #define FI_DUMP_FORMAT_H
 
+#include "compact_names.h"
+
 /* Files of the root and of a call directory. */
 #define FI_DUMP_SESSION_FILE "session.jsonl"
 #define FI_DUMP_METADATA_FILE "metadata.jsonl"
 #define FI_DUMP_INPUTS "inputs"
 #define FI_DUMP_OUTPUTS "outputs"
-#define FI_DUMP_EXT_TORCH "pt" /* tensor_format "torch" */
+#define FI_DUMP_FORMAT_TORCH "torch" /* the record's tensor_format */
+#define FI_DUMP_FORMAT_SAFETENSORS "safetensors"
+#define FI_DUMP_FORMAT_CHUNKS "chunks" /* the compact layout's manifests, below */
+#define FI_DUMP_EXT_TORCH "pt"         /* tensor_format "torch" */
 #define FI_DUMP_EXT_SAFETENSORS "safetensors"
 #define FI_DUMP_GRAPH_FLUSHES "graph_flushes" /* CUDA graph snapshots: .../flush_NNNN/ */
 #define FI_DUMP_FLUSH_PREFIX "flush_"
 #define FI_DUMP_FLUSH_DIGITS "4"
+
+/* The compact layout (docs/dump-format.md#compact-layout): a call's tensors as a manifest
+ * (CALL/inputs.FI_DUMP_EXT_CHUNKS, tensor_format "chunks") of chunks in packs under
+ * ROOT/FI_DUMP_CHUNKS_DIR/. The tensor files' layer reads and writes these names too, so
+ * they are its macros (compact_names.h), named here for the dump. */
+#define FI_DUMP_EXT_CHUNKS FI_COMPACT_MANIFEST_EXT /* tensor_format "chunks" */
+#define FI_DUMP_CHUNKS_DIR FI_COMPACT_CHUNKS_DIR
+#define FI_DUMP_PACK_EXT FI_COMPACT_PACK_EXT
+#define FI_DUMP_RING_PACK_PREFIX "ring-" /* a ring's packs: ring-PID-NS-K.pack */
 
 /* A call directory: STAMP _pid PID _ NAME _call N, N at least FI_DUMP_CALL_DIGITS digits;
  * STAMP is strftime(FI_DUMP_STAMP_FORMAT) then '_' and the milliseconds in 3 digits; NAME

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "compact.h"
+#include "dump_format.h"
 #include "ring_disk.h"
 
 #define MB (1024.0 * 1024.0)
@@ -180,7 +181,7 @@ static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_
         PyErr_NoMemory();
         return -1;
     }
-    snprintf(path, n, "%s/%s.chunks.json", call->dir, stem);
+    snprintf(path, n, "%s/%s." FI_DUMP_EXT_CHUNKS, call->dir, stem);
     Py_ssize_t written = fi_compact_save(rec->compact_writer, path, ts->tensors, &opts);
     free(path);
     return written;

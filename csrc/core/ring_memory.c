@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "crash_writer.h"
+#include "dump_format.h"
 #include "fork_watch.h"
 #include "ring_signals.h"
 
@@ -20,8 +21,8 @@ static void set_pack_prefix(fi_ring *r)
 {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    snprintf(r->pack_prefix, sizeof r->pack_prefix, "ring-%ld-%lld%09ld-", (long)getpid(),
-             (long long)now.tv_sec, (long)now.tv_nsec);
+    snprintf(r->pack_prefix, sizeof r->pack_prefix, FI_DUMP_RING_PACK_PREFIX "%ld-%lld%09ld-",
+             (long)getpid(), (long long)now.tv_sec, (long)now.tv_nsec);
     r->packs_written = 0;
 }
 

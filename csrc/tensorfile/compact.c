@@ -121,7 +121,8 @@ void fi_compact_tensor_clear(fi_chunk_store *store, fi_compact_tensor *t)
 
 int fi_compact_manifest_head(fi_buf *b, const char *pack_name)
 {
-    fi_buf_puts(b, "{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": 1, \"packs\": [");
+    fi_buf_puts(b, "{\"format\": \"" FI_COMPACT_FORMAT "\", \"version\": " FI_COMPACT_VERSION
+                   ", \"packs\": [");
     fi_json_str(b, pack_name, strlen(pack_name));
     fi_buf_puts(b, "], ");
     return b->oom ? -1 : 0;
@@ -194,12 +195,12 @@ struct fi_compact_writer {
 fi_compact_writer *fi_compact_writer_new(const char *root)
 {
     fi_compact_writer *w = calloc(1, sizeof(*w));
-    size_t n = strlen(root) + 16;
+    size_t n = strlen(root) + sizeof "/" FI_COMPACT_CHUNKS_DIR;
     if (!w || !(w->dir = malloc(n)) || !(w->store = fi_chunk_store_new(0))) {
         fi_compact_writer_free(w);
         return NULL;
     }
-    snprintf(w->dir, n, "%s/chunks", root);
+    snprintf(w->dir, n, "%s/" FI_COMPACT_CHUNKS_DIR, root);
     w->fd = -1;
     return w;
 }
@@ -233,8 +234,8 @@ static int open_writer_pack(fi_compact_writer *w)
     }
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    snprintf(w->pack_name, sizeof w->pack_name, "%ld-%lld%09ld.pack", (long)getpid(),
-             (long long)now.tv_sec, (long)now.tv_nsec);
+    snprintf(w->pack_name, sizeof w->pack_name, "%ld-%lld%09ld." FI_COMPACT_PACK_EXT,
+             (long)getpid(), (long long)now.tv_sec, (long)now.tv_nsec);
     size_t n = strlen(w->dir) + sizeof w->pack_name + 2;
     char *path = malloc(n);
     if (!path) {
@@ -422,8 +423,9 @@ static int cmp_rec(const void *a, const void *b)
 /* A pack name: letters, digits, '.', '_', '-', not starting with '.', ending in ".pack". */
 static int pack_name_ok(const char *s)
 {
-    size_t n = strlen(s);
-    if (n < 6 || n > 200 || s[0] == '.' || strcmp(s + n - 5, ".pack") != 0)
+    static const char suffix[] = "." FI_COMPACT_PACK_EXT;
+    size_t n = strlen(s), k = sizeof suffix - 1;
+    if (n <= k || n > 200 || s[0] == '.' || strcmp(s + n - k, suffix) != 0)
         return 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -678,14 +680,15 @@ static char *chunks_dir(const char *manifest)
 {
     const char *slash = strrchr(manifest, '/');
     size_t dl = slash ? (size_t)(slash - manifest) : 1;
-    char *dir = malloc(dl + 16);
+    static const char up[] = "/../" FI_COMPACT_CHUNKS_DIR;
+    char *dir = malloc(dl + sizeof up);
     if (!dir)
         return NULL;
     if (slash)
         memcpy(dir, manifest, dl);
     else
         dir[0] = '.';
-    memcpy(dir + dl, "/../chunks", 11);
+    memcpy(dir + dl, up, sizeof up);
     return dir;
 }
 
@@ -711,8 +714,8 @@ static PyObject *load_manifest(const char *path, int want_ranges)
         bad(path, "format is not \"" FI_COMPACT_FORMAT "\"");
         goto done;
     }
-    if (!ver || get_int(ver, 1, 1, &version) < 0) {
-        bad(path, "version is not 1");
+    if (!ver || get_int(ver, atoi(FI_COMPACT_VERSION), atoi(FI_COMPACT_VERSION), &version) < 0) {
+        bad(path, "version is not " FI_COMPACT_VERSION);
         goto done;
     }
     if (!names || !PyList_Check(names) || PyList_GET_SIZE(names) > PACKS_MAX || !tensors ||

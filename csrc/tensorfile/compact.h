@@ -8,11 +8,10 @@
 #include <Python.h>
 
 #include "chunkstore.h"
+#include "compact_names.h"
 #include "strbuf.h"
 #include "tensorbytes.h"
 #include "tensorio.h"
-
-#define FI_COMPACT_FORMAT "flashinfer-native chunks"
 
 /* One chunk of a tensor's span. */
 typedef struct {
