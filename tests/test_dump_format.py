@@ -64,7 +64,8 @@ def written(tmp_path):
 
 
 def call_dirs(root):
-    return sorted(p for p in root.iterdir() if p.is_dir())
+    """The call directories of a dump root (by the core's pattern: not chunks/)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and rec.DIR_NAME.match(p.name))
 
 
 def last_records(root):
