@@ -6,13 +6,19 @@ AVX2 and the portable path, whole tensors and the one-pass writer's stream alike
 data below is built to cross every branch: blocks the float32 sum cannot hold, lane sums
 that stop being exact, NaN and Inf mid-block, signed zeros, subnormals, ragged tails."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from flashinfer_native import _C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _reference(t):
@@ -186,3 +192,50 @@ def test_signed_zero_minimum_keeps_the_first_pages_zero():
     assert math.copysign(1.0, want["min"]) == -1.0
     for threads in (2, 7):
         assert _same(_C._page_stats(cache, pages, threads), want)
+
+
+CHILD = """
+import torch
+from flashinfer.api_logging import flashinfer_api
+
+@flashinfer_api
+def observe(x):
+    return None
+
+g = torch.Generator().manual_seed(5)
+x = torch.randn(480 * 32768, generator=g).to(torch.bfloat16)  # 30 MB: several threads
+y = torch.full((480 * 32768,), 3.0, dtype=torch.bfloat16)
+y[: 60 * 32768] = 2.0**36  # lanes of 2^54 and threes: the first thread's join is refused
+for threads in (1, 4):
+    torch.set_num_threads(threads)
+    observe(x)
+    observe(y)
+"""
+
+
+def test_level_10_compact_statistics_on_threads_are_the_in_order_bits(tmp_path):
+    """The compact capture hashes a large tensor's chunks and takes its statistics on
+    torch's threads: the level-10 log's statistics (JSON, every bit) are those of one
+    thread and of tensor_stats, a refused join included."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    env.update(
+        FLASHINFER_LOGLEVEL="10",
+        FLASHINFER_LOGFORMAT="json",
+        FLASHINFER_DUMP_LAYOUT="compact",
+        FLASHINFER_LOGDEST=str(tmp_path / "log.jsonl"),
+        FLASHINFER_DUMP_DIR=str(tmp_path / "dumps"),
+        PYTHONPATH=ROOT,
+    )
+    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "log.jsonl") as f:
+        calls = [json.loads(line) for line in f if line.startswith("{")]
+    stats = [c["args"][0]["stats"] for c in calls if c.get("api") == "observe" and "args" in c]
+    assert len(stats) == 4
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(480 * 32768, generator=g).to(torch.bfloat16)
+    y = torch.full((480 * 32768,), 3.0, dtype=torch.bfloat16)
+    y[: 60 * 32768] = 2.0**36
+    for got, t in zip(stats, (x, y, x, y)):
+        want = _C.tensor_stats(t)
+        assert (got["min"], got["max"], got["mean"]) == (want["min"], want["max"], want["mean"])

@@ -166,7 +166,8 @@ static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_
 {
     int inputs = stem[0] == 'i';
     fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
-                         &call->ctx->paged};
+                         &call->ctx->paged,
+                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1};
     fi_recorder *rec = call->rec;
     if (!rec->compact)
         return fi_dump_save_tensors_at(rec, call->dir, stem, ts->tensors, &opts);

@@ -281,7 +281,8 @@ static Py_ssize_t build_chunks(fi_dump_call *call, int inputs, const fi_dump_ten
     if (!host)
         return -1;
     fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
-                         &call->ctx->paged};
+                         &call->ctx->paged,
+                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1};
     size_t before = fi_chunk_store_bytes(ring->store);
     fi_ring_manifest_clear(m);
     m->store = ring->store;

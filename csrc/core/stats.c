@@ -358,8 +358,7 @@ static int stats_of_known(PyObject *tensor, const fi_tensor *tp, fi_stats_memo *
 /* The threads _page_stats asks for (0: torch's), for tests. Guarded by the GIL. */
 static int test_threads;
 
-/* torch.get_num_threads(), the threads torch's own CPU ops use (1 when unknown). */
-static int torch_threads(void)
+int fi_torch_threads(void)
 {
     PyObject *torch = PyImport_ImportModule("torch");
     PyObject *n = torch ? PyObject_CallMethod(torch, "get_num_threads", NULL) : NULL;
@@ -394,7 +393,7 @@ static int stats_of_pages(PyObject *tensor, const fi_tensor *t, const fi_page_se
     if (piece) {
         for (int64_t i = 0; i < ps->n; i++)
             piece[i] = (const char *)t->data + ps->page[i] * t->stride[0] * (int64_t)isz;
-        int threads = test_threads ? test_threads : torch_threads();
+        int threads = test_threads ? test_threads : fi_torch_threads();
         int r;
         Py_BEGIN_ALLOW_THREADS
         r = fi_stats_pieces(t->dtype, piece, ps->n, (size_t)pe * isz, threads, out);

@@ -75,6 +75,12 @@ int fi_stats_format_tensor(fi_buf *buf, PyObject *tensor, const fi_tensor *known
  * reads. -1 (MemoryError) when out of memory. */
 int fi_stats_put_pages_line(fi_buf *buf, const fi_page_set *ps, int indent);
 
+/* torch.get_num_threads(), the threads torch's own CPU ops use (1 when unknown): the
+ * recorder's passes over large tensors (statistics, chunk hashes) use as many. */
+int fi_torch_threads(void);
+/* The tensor bytes of a save from which asking fi_torch_threads is worth its cost. */
+#define FI_THREADED_BYTES ((long long)8 << 20)
+
 /* Adds tensor_stats, format_tensor_stats and the test hooks to the module. */
 int fi_stats_exec(PyObject *module);
 

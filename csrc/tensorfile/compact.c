@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,17 +38,13 @@ static int add_ref(fi_compact_tensor *t, uint64_t offset, fi_chunk *c)
     return 0;
 }
 
-/* One chunk: hashed, its statistics fed, referenced, and appended to the sink's pack when
- * the pack lacks it. */
+/* One chunk, its hash h taken: referenced, and appended to the sink's pack when the pack
+ * lacks it. */
 static int capture_chunk(fi_chunk_store *store, const char *p, size_t len, uint64_t offset,
-                         fi_pack_sink *sink, fi_stats_stream *st, fi_compact_tensor *t)
+                         const fi_chunk_hash *h, fi_pack_sink *sink, fi_compact_tensor *t)
 {
-    fi_chunk_hash h;
-    fi_chunk_store_hash(store, p, len, &h);
-    if (st)
-        fi_stats_stream_feed(st, p, len);
     int added;
-    fi_chunk *c = fi_chunk_put(store, p, len, &h, &added);
+    fi_chunk *c = fi_chunk_put(store, p, len, h, &added);
     if (!c)
         return -1;
     if (add_ref(t, offset, c) < 0) {
@@ -67,8 +64,119 @@ static int capture_chunk(fi_chunk_store *store, const char *p, size_t len, uint6
     return 0;
 }
 
+/* A chunk of a tensor being captured: where its bytes are and its offset in the span. */
+typedef struct {
+    const char *p;
+    size_t len;
+    uint64_t offset;
+} chunk_at;
+
+/* The chunks of s (its kept parts, or its whole span, cut at FI_CHUNK_MAX) in order, or
+ * NULL when out of memory. */
+static chunk_at *list_chunks(const fi_saved_tensor *s, size_t *count)
+{
+    fi_byte_range whole = {0, s->span_bytes};
+    const fi_byte_range *range = s->keep ? s->keep->range : &whole;
+    size_t nrange = s->keep ? s->keep->n : 1, n = 0;
+    for (size_t i = 0; i < nrange; i++) {
+        uint64_t a = range[i].start,
+                 b = range[i].end > s->span_bytes ? s->span_bytes : range[i].end;
+        n += a < b ? (size_t)((b - a + FI_CHUNK_MAX - 1) / FI_CHUNK_MAX) : 0;
+    }
+    chunk_at *c = malloc((n ? n : 1) * sizeof(*c));
+    if (!c)
+        return NULL;
+    const char *packed = s->keep ? s->keep->packed : NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < nrange; i++) {
+        uint64_t a = range[i].start,
+                 b = range[i].end > s->span_bytes ? s->span_bytes : range[i].end;
+        const char *src = packed ? packed : (const char *)s->t.data + a;
+        if (packed)
+            packed += range[i].end - range[i].start;
+        for (uint64_t off = 0; a + off < b; off += FI_CHUNK_MAX)
+            c[k++] = (chunk_at){src + off,
+                                b - a - off < FI_CHUNK_MAX ? (size_t)(b - a - off) : FI_CHUNK_MAX,
+                                a + off};
+    }
+    *count = k;
+    return c;
+}
+
+/* Hashes (into h) and statistics (into st, may be NULL) of a run of chunks: one thread's. */
+typedef struct {
+    const fi_chunk_store *store;
+    const chunk_at *c;
+    size_t n;
+    fi_chunk_hash *h;
+    fi_stats_stream *st;
+} hash_job;
+
+static void *hash_chunks(void *arg)
+{
+    hash_job *j = arg;
+    for (size_t i = 0; i < j->n; i++) {
+        fi_chunk_store_hash(j->store, j->c[i].p, j->c[i].len, &j->h[i]);
+        if (j->st)
+            fi_stats_stream_feed(j->st, j->c[i].p, j->c[i].len);
+    }
+    return NULL;
+}
+
+#define CAPTURE_MAX_THREADS 64
+#define CAPTURE_MIN_BYTES ((uint64_t)4 << 20) /* per thread */
+
+/* Every chunk's hash, and st fed every chunk in order: the chunks split over up to
+ * threads threads for a large tensor, each thread's statistics a fork of st joined in
+ * order (fi_stats_stream_join: the bits of one stream), or fed again in order when a join
+ * cannot be shown exact. -1 when out of memory. */
+static int hash_all(const fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk_hash *h,
+                    fi_stats_stream *st, int threads)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        bytes += c[i].len;
+    uint64_t want = bytes / CAPTURE_MIN_BYTES;
+    int nt = threads < 1 ? 1 : threads > CAPTURE_MAX_THREADS ? CAPTURE_MAX_THREADS : threads;
+    nt = want < (uint64_t)nt ? (want < 1 ? 1 : (int)want) : nt;
+    nt = (size_t)nt > n || (st && !fi_stats_stream_joinable(st)) ? 1 : nt;
+    hash_job job[CAPTURE_MAX_THREADS];
+    pthread_t thread[CAPTURE_MAX_THREADS];
+    int started[CAPTURE_MAX_THREADS] = {0};
+    for (int t = 0; t < nt; t++) {
+        size_t first = n * (size_t)t / (size_t)nt, last = n * (size_t)(t + 1) / (size_t)nt;
+        job[t] = (hash_job){store, c + first, last - first, h + first, st};
+        if (st && t > 0 && !(job[t].st = fi_stats_stream_fork(st))) {
+            while (--t > 0)
+                fi_stats_stream_join(st, job[t].st); /* frees it; st is restarted below */
+            fi_stats_stream_restart(st);
+            return -1;
+        }
+    }
+    for (int t = 1; t < nt; t++)
+        started[t] = pthread_create(&thread[t], NULL, hash_chunks, &job[t]) == 0;
+    hash_chunks(&job[0]);
+    for (int t = 1; t < nt; t++) {
+        if (started[t])
+            pthread_join(thread[t], NULL);
+        else
+            hash_chunks(&job[t]);
+    }
+    int joined = 1;
+    for (int t = 1; st && t < nt; t++) /* each join frees the fork; after a refused one st
+                                        * is fed again below */
+        if (fi_stats_stream_join(st, job[t].st) < 0)
+            joined = 0;
+    if (!joined) { /* not provably the in-order bits: feed them in order */
+        fi_stats_stream_restart(st);
+        for (size_t i = 0; i < n; i++)
+            fi_stats_stream_feed(st, c[i].p, c[i].len);
+    }
+    return 0;
+}
+
 int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
-                       fi_stats_stream *st, fi_compact_tensor *t)
+                       fi_stats_stream *st, int threads, fi_compact_tensor *t)
 {
     memset(t, 0, sizeof(*t));
     t->pages_kept = t->pages_total = t->pages_out_of_range = -1;
@@ -85,24 +193,18 @@ int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_
     memcpy(t->stride, s->t.stride, sizeof t->stride);
     t->requires_grad = s->requires_grad;
     t->span_bytes = s->span_bytes;
-    fi_byte_range whole = {0, s->span_bytes};
-    const fi_byte_range *range = s->keep ? s->keep->range : &whole;
-    size_t nrange = s->keep ? s->keep->n : 1;
-    const char *packed = s->keep ? s->keep->packed : NULL;
-    for (size_t i = 0; i < nrange; i++) {
-        uint64_t a = range[i].start,
-                 b = range[i].end > s->span_bytes ? s->span_bytes : range[i].end;
-        const char *src = packed ? packed : (const char *)s->t.data + a;
-        if (packed)
-            packed += range[i].end - range[i].start;
-        for (uint64_t off = 0; a + off < b; off += FI_CHUNK_MAX) {
-            size_t k = b - a - off < FI_CHUNK_MAX ? (size_t)(b - a - off) : FI_CHUNK_MAX;
-            if (capture_chunk(store, src + off, k, a + off, sink, st, t) < 0) {
-                fi_compact_tensor_clear(store, t);
-                PyErr_NoMemory();
-                return -1;
-            }
-        }
+    size_t n = 0;
+    chunk_at *c = list_chunks(s, &n);
+    fi_chunk_hash *h = c ? malloc((n ? n : 1) * sizeof(*h)) : NULL;
+    int r = h && hash_all(store, c, n, h, st, threads) == 0 ? 0 : -1;
+    for (size_t i = 0; r == 0 && i < n; i++)
+        r = capture_chunk(store, c[i].p, c[i].len, c[i].offset, &h[i], sink, t);
+    free(c);
+    free(h);
+    if (r < 0) {
+        fi_compact_tensor_clear(store, t);
+        PyErr_NoMemory();
+        return -1;
     }
     return 0;
 }
@@ -312,7 +414,7 @@ int fi_compact_capture_dict(fi_chunk_store *store, PyObject *dict, const fi_save
     for (; r == 0 && done < n; done++) {
         fi_saved_tensor *s = &ts[done];
         fi_stats_stream *st = opts->sink ? stats_stream_for(dict, s) : NULL;
-        r = fi_compact_capture(store, s, sink, st, &ct[done]);
+        r = fi_compact_capture(store, s, sink, st, opts->threads, &ct[done]);
         if (st)
             fi_stats_stream_end(st, &stats[done]);
         if (r == 0 && s->keep && s->keep->pages_total >= 0) {
@@ -881,21 +983,23 @@ static void writer_dealloc(writer_object *self)
 }
 
 PyDoc_STRVAR(writer_save_doc,
-             "save(path, tensors, keep=None) -> int\n\n"
+             "save(path, tensors, keep=None, threads=1) -> int\n\n"
              "Write tensors (a dict) as the compact manifest at path (CALL/inputs.chunks.json)\n"
              "and their chunks new to this writer to its pack in CALL/../chunks; keep as for\n"
-             "save_tensors. Returns the bytes written (new chunks and manifest).");
+             "save_tensors; a large tensor's chunks are hashed on up to threads threads (the\n"
+             "same files). Returns the bytes written (new chunks and manifest).");
 
 static PyObject *writer_save(writer_object *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"path", "tensors", "keep", NULL};
+    static char *kwlist[] = {"path", "tensors", "keep", "threads", NULL};
     PyObject *path = NULL, *dict, *keep = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O!|O:save", kwlist, PyUnicode_FSConverter,
-                                     &path, &PyDict_Type, &dict, &keep))
+    int threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O!|Oi:save", kwlist, PyUnicode_FSConverter,
+                                     &path, &PyDict_Type, &dict, &keep, &threads))
         return NULL;
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m};
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, threads};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_compact_save(self->w, PyBytes_AS_STRING(path), dict, &opts);
     fi_keep_map_free(&m);

@@ -46,10 +46,12 @@ typedef struct {
 /* Captures s (its kept parts, or its whole span) into t: each chunk (a kept part, or
  * FI_CHUNK_MAX bytes of it) hashed, fed to the statistics stream st (may be NULL) and
  * referenced in store; a chunk new to the store, or not yet in the sink's pack, is
- * appended there. Reads s->keep->packed instead of the tensor's memory when set. 0, or -1
- * with an exception set. t owns its references until fi_compact_tensor_clear. */
+ * appended there. The hashes and statistics of a large tensor are taken on up to threads
+ * threads (the same bits as one); the store and the pack are then updated in order. Reads
+ * s->keep->packed instead of the tensor's memory when set. 0, or -1 with an exception
+ * set. t owns its references until fi_compact_tensor_clear. */
 int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
-                       fi_stats_stream *st, fi_compact_tensor *t);
+                       fi_stats_stream *st, int threads, fi_compact_tensor *t);
 
 /* Releases t's references and memory; t is left empty (its pages fields -1). */
 void fi_compact_tensor_clear(fi_chunk_store *store, fi_compact_tensor *t);

@@ -223,7 +223,7 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink, void *ctx)
 {
-    fi_save_opts opts = {sink, ctx, NULL, NULL};
+    fi_save_opts opts = {sink, ctx, NULL, NULL, 0};
     return fi_save_tensor_dict_opts(path, dict, format, &opts);
 }
 
@@ -506,7 +506,7 @@ static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs
     }
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m};
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, 0};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_save_tensor_dict_opts(PyBytes_AS_STRING(path), dict, f, &opts);
     fi_keep_map_free(&m);

@@ -39,6 +39,7 @@ typedef struct {
     void *sink_ctx;
     fi_keep_fn keep;
     void *keep_ctx;
+    int threads; /* the compact layout's hashing and statistics may use this many (0: 1) */
 } fi_save_opts;
 
 Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format,

@@ -1073,7 +1073,7 @@ static int stream_merge(fi_stats_stream *a, const fi_stats_stream *b)
 {
     float_lanes *x = &a->lanes;
     const float_lanes *y = &b->lanes;
-    if (!x->exact || !y->exact || a->tail_n || b->tail_n)
+    if (!x->exact || !y->exact || a->tail_n)
         return -1;
     int g = x->grain < y->grain ? x->grain : y->grain;
     double lane_max = 0.0;
@@ -1090,7 +1090,40 @@ static int stream_merge(fi_stats_stream *a, const fi_stats_stream *b)
     x->grain = g;
     a->acc.nan += b->acc.nan;
     a->acc.inf += b->acc.inf;
+    a->tail = b->tail; /* b's last block is the stream's last */
+    a->tail_n = b->tail_n;
     return 0;
+}
+
+int fi_stats_stream_join(fi_stats_stream *a, fi_stats_stream *b)
+{
+    int r = stream_merge(a, b);
+    free(b);
+    return r;
+}
+
+int fi_stats_stream_joinable(const fi_stats_stream *s)
+{
+#ifdef FI_HAVE_AVX2_ROW
+    return s->kind != LOAD_F32 && s->lanes.exact && fi_cpu_isa() >= FI_ISA_AVX2;
+#else
+    (void)s;
+    return 0;
+#endif
+}
+
+fi_stats_stream *fi_stats_stream_fork(const fi_stats_stream *s)
+{
+    return fi_stats_stream_new(s->dtype, s->numel);
+}
+
+void fi_stats_stream_restart(fi_stats_stream *s)
+{
+    float_lanes_init(&s->lanes);
+    s->lanes.exact = s->kind != LOAD_F32;
+    s->acc = (float_acc){INFINITY, -INFINITY, 0.0, 0, 0};
+    s->tail = NULL;
+    s->tail_n = 0;
 }
 
 typedef struct {

@@ -409,6 +409,17 @@ fi_stats_stream *fi_stats_stream_new(fi_dtype dtype, int64_t numel);
 void fi_stats_stream_feed(fi_stats_stream *s, const void *p, size_t nbytes);
 void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out);
 
+/* Streams fed in parallel (docs/benchmarks.md#serving-loop-page-aware-capture): a fork is
+ * a new empty stream of s's dtype and size, fed a later part of the elements; join adds
+ * b's elements after a's, with the bits of one stream fed both in order, and frees b:
+ * 0, or -1 when that cannot be shown (a unchanged: restart it and feed it all in order).
+ * Only streams that stayed on the exact-sum path of 16-bit floats (AVX2) can join. */
+fi_stats_stream *fi_stats_stream_fork(const fi_stats_stream *s);
+/* Whether s is on that path (16-bit floats, the AVX2 kernels, every block exact so far). */
+int fi_stats_stream_joinable(const fi_stats_stream *s);
+int fi_stats_stream_join(fi_stats_stream *a, fi_stats_stream *b);
+void fi_stats_stream_restart(fi_stats_stream *s);
+
 /* The statistics of n pieces of nbytes each (a multiple of the element size; float32,
  * float16 or bfloat16), as one stream fed them in order would give, bit for bit: pieces
  * of a few MB and more are split over up to num_threads threads, and their sums joined
