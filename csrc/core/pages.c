@@ -30,7 +30,7 @@ typedef struct {
 } paged_param;
 
 struct fi_pages_api {
-    const char *qualname;
+    const char *qualname; /* first: fi_api_table_find reads it */
     int role;
     table_params table[2];
     paged_param paged[4];
@@ -147,17 +147,24 @@ static const fi_pages_api TABLE[] = {
 
 #define TABLE_LEN (sizeof TABLE / sizeof TABLE[0])
 
-const fi_pages_api *fi_pages_api_of(PyObject *func)
+const void *fi_api_table_find(PyObject *func, const void *table, size_t n, size_t size)
 {
     PyObject *qn = PyObject_GetAttr(func, fi_names.qualname);
     const char *s = qn && PyUnicode_Check(qn) ? PyUnicode_AsUTF8(qn) : NULL;
-    const fi_pages_api *found = NULL;
-    for (size_t i = 0; s && i < TABLE_LEN && !found; i++)
-        if (strcmp(s, TABLE[i].qualname) == 0)
-            found = &TABLE[i];
+    const void *found = NULL;
+    for (size_t i = 0; s && i < n && !found; i++) {
+        const char *entry = (const char *)table + i * size;
+        if (strcmp(s, *(const char *const *)entry) == 0)
+            found = entry;
+    }
     Py_XDECREF(qn);
     PyErr_Clear();
     return found;
+}
+
+const fi_pages_api *fi_pages_api_of(PyObject *func)
+{
+    return fi_api_table_find(func, TABLE, TABLE_LEN, sizeof TABLE[0]);
 }
 
 int fi_pages_is_plan(const fi_pages_api *api) { return api->role == ROLE_PLAN; }

@@ -76,6 +76,11 @@ PyObject *fi_call_arg(const fi_call_args *a, const char *name);
 
 typedef struct fi_pages_api fi_pages_api;
 
+/* The entry of an API table (n entries of size bytes, each starting with its qualname, a
+ * const char *) for func's __qualname__, or NULL; errors are cleared. The page table here
+ * and the scratch table (scratch.c) are looked up through it. */
+const void *fi_api_table_find(PyObject *func, const void *table, size_t n, size_t size);
+
 /* The table entry for a function (by its __qualname__), or NULL: most APIs read no pages. */
 const fi_pages_api *fi_pages_api_of(PyObject *func);
 

@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "pages.h"
 #include "tensor.h"
 
 /* Why a fresh zero tensor replays the call as recorded. */
@@ -34,7 +35,7 @@ typedef struct {
 } scratch_param;
 
 struct fi_scratch_api {
-    const char *qualname;
+    const char *qualname; /* first: fi_api_table_find reads it */
     scratch_param param[8];
 };
 
@@ -102,15 +103,7 @@ static const fi_scratch_api TABLE[] = {
 
 const fi_scratch_api *fi_scratch_api_of(PyObject *func)
 {
-    PyObject *qn = PyObject_GetAttr(func, fi_names.qualname);
-    const char *s = qn && PyUnicode_Check(qn) ? PyUnicode_AsUTF8(qn) : NULL;
-    const fi_scratch_api *found = NULL;
-    for (size_t i = 0; s && i < TABLE_LEN && !found; i++)
-        if (strcmp(s, TABLE[i].qualname) == 0)
-            found = &TABLE[i];
-    Py_XDECREF(qn);
-    PyErr_Clear();
-    return found;
+    return fi_api_table_find(func, TABLE, TABLE_LEN, sizeof TABLE[0]);
 }
 
 int fi_scratch_arg(const fi_scratch_api *api, const fi_call_args *a, Py_ssize_t i)
