@@ -39,8 +39,11 @@ $(VENV)/.deps: pyproject.toml native/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "setuptools>=77" wheel
 	$(PIP) install $(DEPS)
-	$(PIP) install --no-build-isolation --no-deps -e ./native
+	# the root first: upgrading a .venv made before the split, pip's uninstall of the old
+	# flashinfer-c removes the flashinfer-native script it used to own, so the core's
+	# install comes after it
 	$(PIP) install --no-build-isolation --no-deps -e .
+	$(PIP) install --no-build-isolation --no-deps -e ./native
 	touch $@
 
 venv: $(VENV)/.deps
