@@ -230,7 +230,7 @@ def test_a_signal_while_a_write_out_frees_what_it_wrote_does_not_wait_for_it(tmp
 
 
 SIGNAL_STORM = """
-import random, threading
+import random, threading, time
 sys.setswitchinterval(1e-5)
 def work(t):
     for i in range(120):
@@ -251,6 +251,7 @@ while alive := [t for t in threads if t.is_alive()]:
         signal.pthread_kill(rng.choice(alive).ident, signal.SIGUSR1)
     except ProcessLookupError:
         pass
+    time.sleep(0.0005)  # lets the workers run: a loop that never sleeps starved them
 for t in threads:
     t.join()
 """
