@@ -225,15 +225,23 @@ done:
 
 /* The record as one line, appended to the call's metadata.jsonl (through *meta_fd when
  * it is open; opened and kept there when meta_fd is given) and to session.jsonl. */
-int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record)
+/* record as one JSON line in line (initialised here; the caller frees it); 0, or -1 with
+ * an exception set. */
+static int record_line(fi_buf *line, PyObject *record)
 {
-    fi_buf line;
-    fi_buf_init(&line);
-    int r = fi_json_from_py(&line, record);
-    if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
+    fi_buf_init(line);
+    int r = fi_json_from_py(line, record);
+    if (r == 0 && fi_buf_putc(line, '\n') < 0) {
         PyErr_NoMemory();
         r = -1;
     }
+    return r;
+}
+
+int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record)
+{
+    fi_buf line;
+    int r = record_line(&line, record);
     int fd = meta_fd ? *meta_fd : -1;
     if (r == 0 && fd >= 0)
         r = write_line(fd, FI_DUMP_METADATA_FILE, dir, &line);
@@ -256,12 +264,7 @@ int fi_dump_write_session_record(fi_recorder *rec, PyObject *record)
     if (fi_dump_ensure_root(rec) < 0)
         return -1;
     fi_buf line;
-    fi_buf_init(&line);
-    int r = fi_json_from_py(&line, record);
-    if (r == 0 && fi_buf_putc(&line, '\n') < 0) {
-        PyErr_NoMemory();
-        r = -1;
-    }
+    int r = record_line(&line, record);
     int sfd = r == 0 ? open_session_jsonl(rec) : -1;
     if (r == 0)
         r = sfd < 0 ? -1 : write_line(sfd, FI_DUMP_SESSION_FILE, rec->cfg->dump_dir, &line);
