@@ -165,12 +165,22 @@ def step():
     return dt, referenced, new, indices.numel()
 
 
+# (hashed, copied) bytes of the compact capture's device path so far (CUDA tensors hashed
+# on the GPU, only new chunks copied; docs/flight-recorder.md), (0, 0) without it
+def device_chunks():
+    if "flashinfer_native._C" not in sys.modules:
+        return 0, 0
+    d = sys.modules["flashinfer_native._C"]._device_chunks()
+    return d["hashed"], d["copied"]
+
+
 root = os.environ.get("FLASHINFER_DUMP_DIR", "")
 rss_start = rss_bytes()
 for _ in range(cfg["warmup"]):
     step()
 rss0 = rss_bytes()
 bytes0 = dir_bytes(root) if root else (0, 0, 0)
+device0 = device_chunks()
 times, refs, news = [], [], []
 for _ in range(cfg["steps"]):
     dt, ref, new, npages = step()
@@ -178,7 +188,10 @@ for _ in range(cfg["steps"]):
     refs.append(ref)
     news.append(new)
 bytes1 = dir_bytes(root) if root else (0, 0, 0)
+device1 = device_chunks()
 print(json.dumps({
+    "device_hashed_bytes": (device1[0] - device0[0]) / cfg["steps"],
+    "device_copied_bytes": (device1[1] - device0[1]) / cfg["steps"],
     "times": times,
     "referenced_bytes": statistics.mean(refs),
     "new_bytes": statistics.mean(news),

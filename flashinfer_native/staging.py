@@ -10,7 +10,7 @@ tensor.
 
 import torch
 
-__all__ = ["to_host"]
+__all__ = ["streams", "to_host"]
 
 _side_streams = {}  # torch.device -> torch.cuda.Stream
 
@@ -48,3 +48,12 @@ def to_host(tensors):
     for event in done:
         event.synchronize()
     return out
+
+
+def streams(index):
+    """The current stream of ``cuda:index`` and the side stream :func:`to_host` copies on, as
+    the integer handles ``cudaStream_t`` takes: the compact capture hashes a CUDA tensor's
+    chunks and copies the new ones on the side stream, ordered after the current one
+    (``csrc/core/device_chunks.c``)."""
+    device = torch.device("cuda", index)
+    return torch.cuda.current_stream(device).cuda_stream, _side_stream(device).cuda_stream

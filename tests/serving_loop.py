@@ -50,15 +50,17 @@ def run(
     bad_page=None,
     seed=0,
     workspace=None,
+    device="cpu",
 ):
     """Runs the loop; returns the outputs of every run call, in order.
 
     stale(step, caches, referenced): called before each step to change pages the step does
     not read. bad_page: an out-of-range page id given to the last sequence's table.
-    workspace: the wrapper's workspace (4 KiB of uint8 when None)."""
+    workspace: the wrapper's workspace (4 KiB of uint8 when None). device: where the caches,
+    tables and queries live (their values are drawn on the CPU, the same on every device)."""
     gen = torch.Generator().manual_seed(seed)
     caches = [
-        torch.randn(pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+        torch.randn(pages, 2, page_size, kv_heads, head_dim, generator=gen).to(dtype).to(device)
         for _ in range(layers)
     ]
     free = torch.randperm(pages, generator=gen).tolist()
@@ -67,7 +69,7 @@ def run(
     if workspace is None:
         # the workspace as serving engines allocate it: uint8 (FlashInfer's examples); a float
         # torch.empty may hold NaN bit patterns, which fire nan_input at __init__ by chance
-        workspace = torch.empty(4096, dtype=torch.uint8)
+        workspace = torch.empty(4096, dtype=torch.uint8, device=device)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
     outs = []
     for step in range(steps):
@@ -77,9 +79,9 @@ def run(
             slot = lengths[b] % page_size
             lengths[b] += 1
             for cache in caches:
-                cache[tables[b][-1], :, slot] = torch.randn(
-                    2, kv_heads, head_dim, generator=gen
-                ).to(dtype)
+                cache[tables[b][-1], :, slot] = (
+                    torch.randn(2, kv_heads, head_dim, generator=gen).to(dtype).to(device)
+                )
         referenced = sorted({p for t in tables for p in t})
         if stale:
             stale(step, caches, referenced)
@@ -87,12 +89,16 @@ def run(
         if bad_page is not None:
             ids[-1] = bad_page
         indptr = torch.tensor(
-            [0] + [sum(len(t) for t in tables[: b + 1]) for b in range(batch)], dtype=torch.int32
+            [0] + [sum(len(t) for t in tables[: b + 1]) for b in range(batch)],
+            dtype=torch.int32,
+            device=device,
         )
-        last = torch.tensor([(n - 1) % page_size + 1 for n in lengths], dtype=torch.int32)
+        last = torch.tensor(
+            [(n - 1) % page_size + 1 for n in lengths], dtype=torch.int32, device=device
+        )
         wrapper.plan(
             indptr,
-            torch.tensor(ids, dtype=torch.int32),
+            torch.tensor(ids, dtype=torch.int32, device=device),
             last,
             qo_heads,
             kv_heads,
@@ -102,6 +108,6 @@ def run(
             kv_data_type=dtype,
         )
         for layer in range(layers):
-            q = torch.randn(batch, qo_heads, head_dim, generator=gen).to(dtype)
+            q = torch.randn(batch, qo_heads, head_dim, generator=gen).to(dtype).to(device)
             outs.append(wrapper.run(q, caches[layer]))
     return outs

@@ -52,6 +52,13 @@ TARGETS = {
         ("level5_ratio", "<=", 1.5, "level-5 step over level 0"),
         ("compact_level10_ratio", "<=", 2.0, "compact level-10 step over level 0"),
         ("ring_ratio", "<=", 2.0, "in-memory ring step over level 0"),
+        (
+            "compact_level10_copied_over_new",
+            "<=",
+            2.0,
+            "compact level 10: bytes copied to the host per step over the new bytes",
+        ),
+        ("ring_copied_over_new", "<=", 2.0, "ring: bytes copied to the host over the new bytes"),
     ],
 }
 
@@ -434,6 +441,14 @@ def serving_ratios(data):
         t = median(mode)
         if base and t is not None:
             ratios[key] = t / base
+    # the device path's copies to the host per step, over the step's new bytes
+    for key, mode in (
+        ("compact_level10_copied_over_new", "level10-compact"),
+        ("ring_copied_over_new", "ring-memory"),
+    ):
+        m = modes.get(mode) or {}
+        if m.get("new_bytes") and "device_copied_bytes" in m:
+            ratios[key] = m["device_copied_bytes"] / m["new_bytes"]
     return ratios
 
 

@@ -275,7 +275,7 @@ int fi_dump_write_session_record(fi_recorder *rec, PyObject *record)
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
                                    PyObject *tensors, const fi_save_opts *opts)
 {
-    static const fi_save_opts none = {NULL, NULL, NULL, NULL, 0};
+    static const fi_save_opts none = {NULL, NULL, NULL, NULL, 0, NULL};
     int st = rec->cfg->safetensors;
     size_t n = strlen(dir) + 32;
     char *path = malloc(n);

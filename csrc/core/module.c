@@ -4,6 +4,7 @@
 
 #include "compact.h"
 #include "cuda_info.h"
+#include "device_chunks.h"
 #include "difference.h"
 #include "dump_format.h"
 #include "format.h"
@@ -48,14 +49,23 @@ static int module_clear(PyObject *module)
 static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot module_slots[] = {
-    {Py_mod_exec, tensor_exec},         {Py_mod_exec, fi_format_exec},
-    {Py_mod_exec, fi_format_json_exec}, {Py_mod_exec, fi_logger_exec},
-    {Py_mod_exec, fi_wrapper_exec},     {Py_mod_exec, fi_json_exec},
-    {Py_mod_exec, fi_tensorio_exec},    {Py_mod_exec, fi_stats_exec},
-    {Py_mod_exec, fi_histogram_exec},   {Py_mod_exec, fi_difference_exec},
-    {Py_mod_exec, fi_cuda_info_exec},   {Py_mod_exec, fi_pages_exec},
-    {Py_mod_exec, fi_scratch_exec},     {Py_mod_exec, fi_compact_exec},
-    {Py_mod_exec, fi_dump_format_exec}, {0, NULL},
+    {Py_mod_exec, tensor_exec},
+    {Py_mod_exec, fi_format_exec},
+    {Py_mod_exec, fi_format_json_exec},
+    {Py_mod_exec, fi_logger_exec},
+    {Py_mod_exec, fi_wrapper_exec},
+    {Py_mod_exec, fi_json_exec},
+    {Py_mod_exec, fi_tensorio_exec},
+    {Py_mod_exec, fi_stats_exec},
+    {Py_mod_exec, fi_histogram_exec},
+    {Py_mod_exec, fi_difference_exec},
+    {Py_mod_exec, fi_cuda_info_exec},
+    {Py_mod_exec, fi_pages_exec},
+    {Py_mod_exec, fi_scratch_exec},
+    {Py_mod_exec, fi_compact_exec},
+    {Py_mod_exec, fi_dump_format_exec},
+    {Py_mod_exec, fi_device_chunks_exec},
+    {0, NULL},
 };
 
 PyModuleDef fi_module_def = {

@@ -237,8 +237,9 @@ static PyObject *gather_to_host(PyObject *tensor, const fi_page_set *ps)
     return host;
 }
 
-/* The byte ranges of item's pages, and for a CUDA tensor its packed host bytes. */
-static int make_keep(fi_paged_tensor *it)
+/* The byte ranges of item's pages, and for a CUDA tensor its packed host bytes unless the
+ * ranges are read on the device. */
+static int make_keep(fi_paged_tensor *it, int device_ranges)
 {
     fi_tensor t;
     int64_t pe;
@@ -254,7 +255,7 @@ static int make_keep(fi_paged_tensor *it)
                                        (uint64_t)it->pages.page[i] * step + (uint64_t)pe * isz};
     it->keep = (fi_span_keep){it->range, (size_t)it->pages.n, NULL, it->pages.total,
                               it->pages.out_of_range};
-    if (t.device_type == FI_DEVICE_CUDA) {
+    if (t.device_type == FI_DEVICE_CUDA && !device_ranges) {
         fi_tensor h;
         if (!(it->packed = gather_to_host(it->tensor, &it->pages)) ||
             fi_tensor_from_py(it->packed, &h) < 0)
@@ -272,7 +273,7 @@ const fi_span_keep *fi_paged_keep(void *ctx, PyObject *tensor)
         if (it->tensor != tensor)
             continue;
         if (it->keep_state == 0) {
-            it->keep_state = make_keep(it) == 0 ? 1 : -1;
+            it->keep_state = make_keep(it, p->device_ranges) == 0 ? 1 : -1;
             if (it->keep_state < 0)
                 PyErr_Clear();
         }

@@ -38,6 +38,8 @@ typedef struct {
 typedef struct {
     fi_paged_tensor *item;
     int n;
+    int device_ranges; /* fi_paged_keep leaves a CUDA tensor's pages on the device: the
+                        * compact capture's device path reads them there */
 } fi_paged;
 
 void fi_paged_free(fi_paged *p);
@@ -49,7 +51,8 @@ const fi_page_set *fi_paged_find(const fi_paged *p, PyObject *tensor);
  * ranges of its span, for the writers to store only those (docs/dump-format.md, "Sparse
  * tensor files"); NULL, the tensor written whole, when it is not paged or its pages are not
  * each one run of memory. A CUDA tensor's pages are gathered on the device and copied to
- * the host once (packed). Errors are cleared: the tensor is then written whole. */
+ * the host once (packed), unless p->device_ranges. Errors are cleared: the tensor is then
+ * written whole. */
 const fi_span_keep *fi_paged_keep(void *ctx, PyObject *tensor);
 
 /* Whether every page of t (a slice along dim 0) is one run of elements in memory, its

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "compact.h"
+#include "device_chunks.h"
 #include "dump_format.h"
 #include "ring_disk.h"
 
@@ -165,10 +166,16 @@ static int dirs_place(fi_dump_call *call, const char *stamp, long long bytes, lo
 static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
 {
     int inputs = stem[0] == 'i';
-    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
-                         &call->ctx->paged,
-                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1};
     fi_recorder *rec = call->rec;
+    /* the compact layout hashes CUDA tensors on their device (device_chunks.c) */
+    fi_chunk_device *dev = rec->compact ? fi_device_chunks() : NULL;
+    call->ctx->paged.device_ranges = dev && dev->takes(dev, FI_DEVICE_CUDA);
+    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL,
+                         &call->ctx->stats,
+                         fi_paged_keep,
+                         &call->ctx->paged,
+                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
+                         dev};
     if (!rec->compact)
         return fi_dump_save_tensors_at(rec, call->dir, stem, ts->tensors, &opts);
     if (!rec->compact_writer &&

@@ -10,6 +10,7 @@
 
 #include "dump_format.h"
 #include "crash_writer.h"
+#include "device_chunks.h"
 #include "json.h"
 #include "ring_signals.h"
 #include "stats.h"
@@ -270,19 +271,27 @@ static PyObject *host_tensors_but_paged(PyObject *tensors, const fi_paged *paged
 
 /* The compact layout: the tensors' chunks into the ring's store (a copy of each chunk the
  * store lacks: callers reuse their buffers), the pages a paged cache's call reads only, the
- * inputs' statistics taken on the way; the manifest's tail built now. On failure m holds
+ * inputs' statistics taken on the way; the manifest's tail built now. CUDA tensors are
+ * hashed on their device and only new chunks copied (device_chunks.c). On failure m holds
  * nothing. */
 static Py_ssize_t build_chunks(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
                                fi_ring_manifest *m)
 {
     fi_ring *ring = call->rec->ring;
-    PyObject *host = ts->any_cuda ? host_tensors_but_paged(ts->tensors, &call->ctx->paged)
-                                  : Py_NewRef(ts->tensors);
+    fi_chunk_device *dev = fi_device_chunks();
+    int on_device = dev && dev->takes(dev, FI_DEVICE_CUDA);
+    call->ctx->paged.device_ranges = on_device;
+    PyObject *host = ts->any_cuda && !on_device
+                         ? host_tensors_but_paged(ts->tensors, &call->ctx->paged)
+                         : Py_NewRef(ts->tensors);
     if (!host)
         return -1;
-    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL, &call->ctx->stats, fi_paged_keep,
+    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL,
+                         &call->ctx->stats,
+                         fi_paged_keep,
                          &call->ctx->paged,
-                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1};
+                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
+                         dev};
     size_t before = fi_chunk_store_bytes(ring->store);
     fi_ring_manifest_clear(m);
     m->store = ring->store;

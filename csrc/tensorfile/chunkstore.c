@@ -141,18 +141,26 @@ static void give_buffer(fi_chunk_store *s, char *p, size_t len)
         free(p);
 }
 
-fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h,
-                       int *added)
+fi_chunk *fi_chunk_find(fi_chunk_store *s, size_t len, const fi_chunk_hash *h)
 {
-    *added = 0;
-    size_t k = bucket_of(s, h);
-    for (fi_chunk *c = s->bucket[k]; c; c = c->next) {
+    for (fi_chunk *c = s->bucket[bucket_of(s, h)]; c; c = c->next) {
         if (c->len == len && memcmp(&c->hash, h, sizeof *h) == 0) {
             c->refs++;
             return c;
         }
     }
-    fi_chunk *c = calloc(1, sizeof(*c));
+    return NULL;
+}
+
+fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h,
+                       int *added)
+{
+    *added = 0;
+    fi_chunk *c = fi_chunk_find(s, len, h);
+    if (c)
+        return c;
+    size_t k = bucket_of(s, h);
+    c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
     if (s->keep_data) {

@@ -37,6 +37,10 @@ const uint32_t *fi_chunk_store_key(const fi_chunk_store *s);
 /* The hash of data[0..len) under the store's key. */
 void fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h);
 
+/* A new reference to the stored chunk of len bytes whose hash is h, or NULL when the store
+ * lacks it: what the device path asks before it copies a chunk (compact.c). */
+fi_chunk *fi_chunk_find(fi_chunk_store *s, size_t len, const fi_chunk_hash *h);
+
 /* A new reference to the chunk holding data[0..len) (len <= FI_CHUNK_MAX) whose hash is h:
  * found, or added (*added set; its bytes copied when the store keeps data). NULL when out
  * of memory. */

@@ -175,8 +175,8 @@ static int hash_all(const fi_chunk_store *store, const chunk_at *c, size_t n, fi
     return 0;
 }
 
-int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
-                       fi_stats_stream *st, int threads, fi_compact_tensor *t)
+/* t describing s, with no chunks yet. -1 with an exception set. */
+static int capture_head(const fi_saved_tensor *s, fi_compact_tensor *t)
 {
     memset(t, 0, sizeof(*t));
     t->pages_kept = t->pages_total = t->pages_out_of_range = -1;
@@ -193,6 +193,14 @@ int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_
     memcpy(t->stride, s->t.stride, sizeof t->stride);
     t->requires_grad = s->requires_grad;
     t->span_bytes = s->span_bytes;
+    return 0;
+}
+
+int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
+                       fi_stats_stream *st, int threads, fi_compact_tensor *t)
+{
+    if (capture_head(s, t) < 0)
+        return -1;
     size_t n = 0;
     chunk_at *c = list_chunks(s, &n);
     fi_chunk_hash *h = c ? malloc((n ? n : 1) * sizeof(*h)) : NULL;
@@ -204,6 +212,88 @@ int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_
     if (r < 0) {
         fi_compact_tensor_clear(store, t);
         PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* The device path (docs/flight-recorder.md, "Chunk dedup on the device"): s's chunks hashed
+ * where s lives; a chunk the store holds costs its hash and a reference, and only the
+ * others (and those the sink's pack lacks, when the store keeps no bytes) are copied to the
+ * host, in one batch, then captured as on the host. st is given for CPU tensors only (the
+ * test device of csrc/core/device_chunks.c) and fed in order from their own memory. */
+static int capture_on_device(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
+                             fi_stats_stream *st, fi_chunk_device *dev, fi_compact_tensor *t)
+{
+    if (capture_head(s, t) < 0)
+        return -1;
+    size_t n = 0, nbytes = 0, missing = 0;
+    chunk_at *c = list_chunks(s, &n);
+    size_t cells = n ? n : 1;
+    int64_t *off = c ? malloc(4 * cells * sizeof(int64_t)) : NULL;
+    fi_chunk_hash *h = off ? malloc(cells * sizeof(*h)) : NULL;
+    fi_chunk **found = h ? calloc(cells, sizeof(*found)) : NULL;
+    char *bytes = NULL;
+    int r = found ? 0 : -1;
+    if (r < 0)
+        PyErr_NoMemory();
+    int64_t *len = off ? off + cells : NULL, *moff = off ? off + 2 * cells : NULL,
+            *mlen = off ? off + 3 * cells : NULL;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        off[i] = (int64_t)(c[i].p - (const char *)s->t.data);
+        len[i] = (int64_t)c[i].len;
+    }
+    if (r == 0)
+        r = dev->hash(dev, &s->t, off, len, (int64_t)n, fi_chunk_store_key(store), h);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        dev->hashed += c[i].len;
+        fi_chunk *f = fi_chunk_find(store, c[i].len, &h[i]);
+        if (f && (!sink || sink->fd < 0 || sink->err || f->pack == sink->index)) {
+            found[i] = f;
+            continue;
+        }
+        if (f)
+            fi_chunk_release(store, f);
+        moff[missing] = off[i];
+        mlen[missing++] = len[i];
+        nbytes += c[i].len;
+    }
+    if (r == 0 && missing && !(bytes = malloc(nbytes))) {
+        PyErr_NoMemory();
+        r = -1;
+    }
+    if (r == 0 && missing)
+        r = dev->copy(dev, &s->t, moff, mlen, (int64_t)missing, bytes);
+    if (r == 0)
+        dev->copied += nbytes;
+    const char *next = bytes;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        if (found[i]) {
+            if (add_ref(t, c[i].offset, found[i]) < 0) {
+                r = -1;
+                break;
+            }
+            found[i] = NULL; /* t holds it now */
+            continue;
+        }
+        r = capture_chunk(store, next, c[i].len, c[i].offset, &h[i], sink, t);
+        next += c[i].len;
+    }
+    for (size_t i = 0; r == 0 && st && i < n; i++) /* a CPU tensor's own memory */
+        fi_stats_stream_feed(st, c[i].p, c[i].len);
+    int oom = r < 0 && !PyErr_Occurred();
+    for (size_t i = 0; found && i < n; i++)
+        if (found[i])
+            fi_chunk_release(store, found[i]);
+    free(found);
+    free(h);
+    free(off);
+    free(bytes);
+    free(c);
+    if (r < 0) {
+        fi_compact_tensor_clear(store, t);
+        if (oom)
+            PyErr_NoMemory();
         return -1;
     }
     return 0;
@@ -403,7 +493,7 @@ int fi_compact_capture_dict(fi_chunk_store *store, PyObject *dict, const fi_save
     size_t n;
     *out = NULL;
     *count = 0;
-    if (fi_tensors_collect(dict, &ts, &n, opts->keep, opts->keep_ctx) < 0)
+    if (fi_tensors_collect(dict, &ts, &n, opts->keep, opts->keep_ctx, opts->device) < 0)
         return -1;
     fi_compact_tensor *ct = calloc(n ? n : 1, sizeof(*ct));
     fi_stats *stats = calloc(n ? n : 1, sizeof(*stats));
@@ -414,7 +504,10 @@ int fi_compact_capture_dict(fi_chunk_store *store, PyObject *dict, const fi_save
     for (; r == 0 && done < n; done++) {
         fi_saved_tensor *s = &ts[done];
         fi_stats_stream *st = opts->sink ? stats_stream_for(dict, s) : NULL;
-        r = fi_compact_capture(store, s, sink, st, opts->threads, &ct[done]);
+        fi_chunk_device *dev = opts->device;
+        r = dev && dev->takes(dev, s->t.device_type) && !(s->keep && s->keep->packed)
+                ? capture_on_device(store, s, sink, st, dev, &ct[done])
+                : fi_compact_capture(store, s, sink, st, opts->threads, &ct[done]);
         if (st)
             fi_stats_stream_end(st, &stats[done]);
         if (r == 0 && s->keep && s->keep->pages_total >= 0) {
@@ -999,7 +1092,7 @@ static PyObject *writer_save(writer_object *self, PyObject *args, PyObject *kwar
         return NULL;
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, threads};
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, threads, NULL};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_compact_save(self->w, PyBytes_AS_STRING(path), dict, &opts);
     fi_keep_map_free(&m);

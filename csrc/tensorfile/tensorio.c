@@ -29,8 +29,9 @@ void fi_tensors_release(fi_saved_tensor *ts, size_t n)
     PyMem_Free(ts);
 }
 
-/* Host tensor with conjugate/negative bits resolved (raw memory must hold the values). */
-static PyObject *host_tensor(PyObject *value, PyObject *key)
+/* Host tensor with conjugate/negative bits resolved (raw memory must hold the values); a
+ * CUDA tensor device takes stays where it is, unless a bit is set. */
+static PyObject *host_tensor(PyObject *value, PyObject *key, const fi_chunk_device *device)
 {
     if (!fi_is_tensor(value)) {
         PyErr_Format(PyExc_TypeError, "tensors[%R] is not a torch.Tensor (got %.200s)", key,
@@ -42,7 +43,9 @@ static PyObject *host_tensor(PyObject *value, PyObject *key)
         return NULL;
     int cuda = PyObject_IsTrue(is_cuda);
     Py_DECREF(is_cuda);
-    PyObject *t = cuda ? PyObject_CallMethodNoArgs(value, fi_names.cpu) : Py_NewRef(value);
+    int stays = cuda && device && device->takes(device, FI_DEVICE_CUDA);
+    PyObject *t =
+        cuda && !stays ? PyObject_CallMethodNoArgs(value, fi_names.cpu) : Py_NewRef(value);
     if (!t)
         return NULL;
     /* is_conj()/is_neg() read a flag; resolve_*() goes through torch's dispatcher, so it
@@ -60,11 +63,19 @@ static PyObject *host_tensor(PyObject *value, PyObject *key)
         if (!r)
             return NULL;
         t = r;
+        if (stays) { /* the values are not the raw memory: take them to the host */
+            r = PyObject_CallMethodNoArgs(t, fi_names.cpu);
+            Py_DECREF(t);
+            if (!r)
+                return NULL;
+            t = r;
+        }
     }
     return t;
 }
 
-static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const fi_span_keep *keep)
+static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const fi_span_keep *keep,
+                       const fi_chunk_device *device)
 {
     if (!PyUnicode_Check(key)) {
         PyErr_Format(PyExc_TypeError, "tensor dict keys must be str, got %.200s",
@@ -80,10 +91,11 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const
     s->keep = keep;
     /* a device tensor whose kept parts come packed is not copied: only its metadata is read */
     int packed = keep && keep->packed && fi_is_tensor(value);
-    if (!(s->obj = packed ? Py_NewRef(value) : host_tensor(value, key)) ||
+    if (!(s->obj = packed ? Py_NewRef(value) : host_tensor(value, key, device)) ||
         fi_tensor_from_py(s->obj, &s->t) < 0)
         return -1;
-    if (s->t.device_type != FI_DEVICE_CPU && !packed) {
+    if (s->t.device_type != FI_DEVICE_CPU && !packed &&
+        !(device && device->takes(device, s->t.device_type))) {
         PyErr_Format(PyExc_ValueError, "tensors[%R] is not on the CPU or a CUDA device", key);
         return -1;
     }
@@ -110,7 +122,7 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const
 }
 
 int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
-                       void *ctx)
+                       void *ctx, const fi_chunk_device *device)
 {
     Py_ssize_t n = PyDict_GET_SIZE(dict);
     fi_saved_tensor *ts = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ts));
@@ -123,7 +135,7 @@ int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_
     while (i < n && PyDict_Next(dict, &pos, &key, &value)) {
         Py_INCREF(key);
         Py_INCREF(value);
-        int r = collect_one(key, value, &ts[i++], keep ? keep(ctx, value) : NULL);
+        int r = collect_one(key, value, &ts[i++], keep ? keep(ctx, value) : NULL, device);
         Py_DECREF(key);
         Py_DECREF(value);
         if (r < 0) {
@@ -200,7 +212,7 @@ static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, 
         PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
         return -1;
     }
-    if (fi_tensors_collect(dict, ts, n, keep, ctx) < 0)
+    if (fi_tensors_collect(dict, ts, n, keep, ctx, NULL) < 0)
         return -1;
     fi_buf_init(header);
     int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(header, *ts, *n)
@@ -223,7 +235,7 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink, void *ctx)
 {
-    fi_save_opts opts = {sink, ctx, NULL, NULL, 0};
+    fi_save_opts opts = {sink, ctx, NULL, NULL, 0, NULL};
     return fi_save_tensor_dict_opts(path, dict, format, &opts);
 }
 
@@ -506,7 +518,7 @@ static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs
     }
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, 0};
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, 0, NULL};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_save_tensor_dict_opts(PyBytes_AS_STRING(path), dict, f, &opts);
     fi_keep_map_free(&m);

@@ -34,21 +34,40 @@ typedef const fi_span_keep *(*fi_keep_fn)(void *ctx, PyObject *tensor);
  * taken on the way (NULL: none are asked for), and keep(keep_ctx, tensor) names the parts of
  * each tensor's span to write, the rest as holes (docs/dump-format.md, "Sparse tensor
  * files"; NULL: every tensor whole); the statistics are then those of the kept elements. */
+/* The compact capture's device path (docs/flight-recorder.md, "Chunk dedup on the device"):
+ * a tensor it takes is hashed where it lives, and only the chunks the store lacks are
+ * copied to the host. The core provides the CUDA one (csrc/core/device_chunks.c). Each
+ * function returns 0, or -1 with an exception set. */
+typedef struct fi_chunk_device fi_chunk_device;
+struct fi_chunk_device {
+    /* whether it takes a tensor on device_type (FI_DEVICE_*) */
+    int (*takes)(const fi_chunk_device *d, int device_type);
+    /* the hashes (fi_chunk_hash_cpu's bits) of n chunks of t's memory, offsets from t->data */
+    int (*hash)(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
+                const int64_t *length, int64_t n, const uint32_t *key, fi_chunk_hash *out);
+    /* the n chunks' bytes one after another into dst (host memory) */
+    int (*copy)(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
+                const int64_t *length, int64_t n, void *dst);
+    uint64_t hashed, copied; /* bytes, for the benchmarks and tests */
+};
+
 typedef struct {
     fi_stats_sink sink;
     void *sink_ctx;
     fi_keep_fn keep;
     void *keep_ctx;
     int threads; /* the compact layout's hashing and statistics may use this many (0: 1) */
+    fi_chunk_device *device; /* the compact layout's device path, or NULL */
 } fi_save_opts;
 
 Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format,
                                     const fi_save_opts *opts);
 
 /* dict's tensors collected for a writer (CUDA ones copied to the host unless their kept
- * parts come packed), each with its keep; release them with fi_tensors_release. */
+ * parts come packed or device takes them), each with its keep; release them with
+ * fi_tensors_release. */
 int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
-                       void *ctx);
+                       void *ctx, const fi_chunk_device *device);
 void fi_tensors_release(fi_saved_tensor *ts, size_t n);
 
 /* keep= of save_tensors and CompactWriter.save: {key: [(start, end), ...] or (ranges,

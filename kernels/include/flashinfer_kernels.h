@@ -468,12 +468,18 @@ typedef struct {
  * allows; needs neither the GIL nor Python. */
 void fi_chunk_hash_cpu(const void *data, size_t len, const uint32_t *key, fi_chunk_hash *out);
 
-/* The same for n chunks of device memory on stream (FI_WITH_CUDA): chunk i is
- * base[offsets[i] .. offsets[i] + lengths[i]) (lengths at most FI_CHUNK_MAX); offsets,
- * lengths, key and out (4 words per chunk) are device memory. Enqueues one kernel, no
- * host wait. Returns 0, or nonzero with fi_cuda_last_error() saying why. */
-int fi_chunk_hash_cuda(const void *base, const int64_t *offsets, const int64_t *lengths, int64_t n,
-                       const uint32_t *key, uint64_t *out, int device, void *stream);
+/* The compact capture's device path (FI_WITH_CUDA; docs/flight-recorder.md, "Chunk dedup
+ * on the device"). Chunk i of the device memory at base is base[offsets[i] .. offsets[i] +
+ * lengths[i]) (lengths at most FI_CHUNK_MAX); offsets, lengths, key and out are host
+ * memory. fi_chunk_hash_device computes the n hashes into out on the stream side, after
+ * the work enqueued on producer so far, and waits for side only. fi_chunk_copy_device
+ * copies the n chunks one after another into dst on side, through pinned memory, and
+ * waits for side. Return 0, or nonzero with fi_cuda_last_error() saying why. */
+int fi_chunk_hash_device(const void *base, const int64_t *offsets, const int64_t *lengths,
+                         int64_t n, const uint32_t *key, fi_chunk_hash *out, int device,
+                         void *producer, void *side);
+int fi_chunk_copy_device(void *dst, const void *base, const int64_t *offsets,
+                         const int64_t *lengths, int64_t n, int device, void *side);
 
 /* ---- build ----------------------------------------------------------------------- */
 
