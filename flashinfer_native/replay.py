@@ -30,7 +30,9 @@ def _to_device(tensor, device):
         return tensor
     storage = tensor.untyped_storage()
     count = storage.nbytes() // tensor.element_size()
-    flat = torch.empty(0, dtype=tensor.dtype).set_(storage, 0, (count,), (1,))
+    # the flat view lives on the storage's own device: a scratch input made on "cuda" is
+    # on cuda:0, which is not torch.device("cuda"), and set_ refuses a device change
+    flat = torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(storage, 0, (count,), (1,))
     moved = flat.to(device).as_strided(tensor.shape, tensor.stride(), tensor.storage_offset())
     if tensor.requires_grad:
         moved.requires_grad_(True)
