@@ -47,20 +47,27 @@ def pack_payload(path):
     return total
 
 
-def host_only_bytes(root):
-    """Bytes of the chunks only CPU tensors hold (the host path writes those)."""
-    on = {"cpu": {}, "cuda": {}}
-    for d in call_dirs(root):
+def host_written_bytes(root):
+    """Bytes of the chunks whose first holder, in recording order (session.jsonl), is a CPU
+    tensor: the host path wrote those; a CUDA tensor holding the same bytes later found
+    them stored."""
+    first = {}
+    dirs = []
+    for line in open(root / "session.jsonl"):
+        d = os.path.basename(json.loads(line)["dump_dir"])
+        if d not in dirs:
+            dirs.append(d)
+    for d in dirs:
         record = [json.loads(x) for x in open(root / d / "metadata.jsonl")][-1]
         details = record.get("tensor_details") or {}
         for stem in ("inputs", "outputs"):
             path = root / d / f"{stem}.chunks.json"
-            if not path.exists():
-                continue
-            for key, t in json.load(open(path))["tensors"].items():
-                where = "cpu" if details.get(key, {}).get("device", "cpu") == "cpu" else "cuda"
-                on[where].update({c[3]: c[1] for c in t["chunks"]})
-    return sum(n for i, n in on["cpu"].items() if i not in on["cuda"])
+            if path.exists():
+                for key, t in json.load(open(path))["tensors"].items():
+                    on_cpu = details.get(key, {}).get("device", "cpu") == "cpu"
+                    for c in t["chunks"]:
+                        first.setdefault(c[3], (on_cpu, c[1]))
+    return sum(n for on_cpu, n in first.values() if on_cpu)
 
 
 def test_the_device_kernel_gives_the_cpu_hash_bits():
@@ -81,7 +88,7 @@ def test_compact_level_10_on_cuda_copies_only_new_chunks_and_replays(tmp_path):
     (pack,) = os.listdir(root / "chunks")
     # every chunk copied from the GPU was written once; CPU tensors of the calls (the
     # wrapper's own) went the host path
-    assert counters["copied"] == pack_payload(root / "chunks" / pack) - host_only_bytes(root)
+    assert counters["copied"] == pack_payload(root / "chunks" / pack) - host_written_bytes(root)
     assert counters["copied"] < 0.6 * counters["hashed"], counters
     # the inputs are the CPU session's, bit for bit
     for a, b in zip(call_dirs(root), call_dirs(host)):
