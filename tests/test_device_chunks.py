@@ -40,7 +40,7 @@ def call_dirs(root):
 
 
 def pack_records(path):
-    """(id, length) of each chunk record of a pack (docs/dump-format.md#chunk-packs)."""
+    """(id, length) of each chunk record of a pack (docs/dump-format.md#compact-layout)."""
     data = open(path, "rb").read()
     out, at = [], 0
     while at < len(data):
