@@ -80,33 +80,35 @@ static int device_failed(const fi_tensor *t, const char *what)
     return -1;
 }
 
-static int cuda_hash(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
-                     const int64_t *length, int64_t n, const uint32_t *key, fi_chunk_hash *out)
+/* One device call for t on its streams, without the GIL: the hashes into out, or (out NULL)
+ * the chunks' bytes into dst. */
+static int on_device(const fi_tensor *t, const int64_t *offset, const int64_t *length, int64_t n,
+                     const uint32_t *key, fi_chunk_hash *out, void *dst)
 {
-    (void)d;
     void *producer, *side;
     if (streams(t->device_index, &producer, &side) < 0)
         return -1;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc =
-        fi_chunk_hash_device(t->data, offset, length, n, key, out, t->device_index, producer, side);
+    rc = out ? fi_chunk_hash_device(t->data, offset, length, n, key, out, t->device_index, producer,
+                                    side)
+             : fi_chunk_copy_device(dst, t->data, offset, length, n, t->device_index, side);
     Py_END_ALLOW_THREADS
-    return rc == 0 ? 0 : device_failed(t, "hashing chunks");
+    return rc == 0 ? 0 : device_failed(t, out ? "hashing chunks" : "copying chunks to the host");
+}
+
+static int cuda_hash(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
+                     const int64_t *length, int64_t n, const uint32_t *key, fi_chunk_hash *out)
+{
+    (void)d;
+    return on_device(t, offset, length, n, key, out, NULL);
 }
 
 static int cuda_copy(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
                      const int64_t *length, int64_t n, void *dst)
 {
     (void)d;
-    void *producer, *side;
-    if (streams(t->device_index, &producer, &side) < 0)
-        return -1;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = fi_chunk_copy_device(dst, t->data, offset, length, n, t->device_index, side);
-    Py_END_ALLOW_THREADS
-    return rc == 0 ? 0 : device_failed(t, "copying chunks to the host");
+    return on_device(t, offset, length, n, NULL, NULL, dst);
 }
 
 static fi_chunk_device cuda_device = {cuda_takes, cuda_hash, cuda_copy, 0, 0};

@@ -70,6 +70,15 @@ def host_written_bytes(root):
     return sum(n for on_cpu, n in first.values() if on_cpu)
 
 
+def assert_all_match(results):
+    bad = [
+        (r["metadata"]["function_name"], r.get("error"))
+        for r in results
+        if not r.get("comparison_match", True) or "error" in r
+    ]
+    assert not bad, bad
+
+
 def test_the_device_kernel_gives_the_cpu_hash_bits():
     key = os.urandom(KEY_BYTES)
     data = torch.randint(0, 256, (3 * 65536 + 1003,), dtype=torch.uint8)
@@ -99,11 +108,7 @@ def test_compact_level_10_on_cuda_copies_only_new_chunks_and_replays(tmp_path):
                 assert torch.equal(ta[k], tb[k]), (a, k)
     results = replay_sequence(str(root), device="cuda")
     assert len(results) == 1 + 4 * 3
-    assert all(r.get("comparison_match", True) and "error" not in r for r in results), [
-        (r["metadata"]["function_name"], r.get("error"))
-        for r in results
-        if not r.get("comparison_match", True) or "error" in r
-    ]
+    assert_all_match(results)
 
 
 def test_the_in_memory_ring_on_cuda_goes_through_the_device_path(tmp_path):
@@ -113,8 +118,4 @@ def test_the_in_memory_ring_on_cuda_goes_through_the_device_path(tmp_path):
     assert counters["device"] == "cuda" and 0 < counters["copied"] < 0.6 * counters["hashed"]
     results = replay_sequence(str(root), device="cuda")
     assert len(results) == 1 + 4 * 3
-    assert all(r.get("comparison_match", True) and "error" not in r for r in results), [
-        (r["metadata"]["function_name"], r.get("error"))
-        for r in results
-        if not r.get("comparison_match", True) or "error" in r
-    ]
+    assert_all_match(results)
