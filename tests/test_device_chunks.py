@@ -9,6 +9,7 @@ import json
 import os
 import struct
 
+import pytest
 import torch
 from serving_loop import record
 
@@ -19,7 +20,7 @@ from flashinfer_native import _C
 BODY = """
 import json, os
 from flashinfer_native import _C
-_C._device_chunks(test={test})
+_C._device_chunks(test={test!r})
 serving_loop.run(steps=4)
 with open(os.environ["FLASHINFER_DUMP_DIR"] + ".counters", "w") as f:
     json.dump(_C._device_chunks(), f)
@@ -56,7 +57,7 @@ BUILT = "cuda" if _C._device_chunks()["device"] == "cuda" else None
 
 
 def test_the_switch_and_its_counters():
-    assert _C._device_chunks() == {"device": BUILT, "hashed": 0, "copied": 0}
+    assert _C._device_chunks() == {"device": BUILT, "hashed": 0, "copied": 0, "failures": 0}
     try:
         assert _C._device_chunks(test=True)["device"] == "test"
     finally:
@@ -66,7 +67,7 @@ def test_the_switch_and_its_counters():
 def test_compact_level_10_through_the_device_path_writes_the_host_paths_bytes(tmp_path):
     host, none = recorded(tmp_path, False, FLASHINFER_DUMP_LAYOUT="compact")
     device, counters = recorded(tmp_path, True, FLASHINFER_DUMP_LAYOUT="compact")
-    assert none == {"device": BUILT, "hashed": 0, "copied": 0}  # CPU tensors: none taken
+    assert none == {"device": BUILT, "hashed": 0, "copied": 0, "failures": 0}  # none taken
     assert counters["device"] == "test"
     names = call_dirs(host)
     assert [d.split("_", 4)[4] for d in names] == [d.split("_", 4)[4] for d in call_dirs(device)]
@@ -120,3 +121,24 @@ def test_the_in_memory_ring_through_the_device_path_holds_the_same_tensors(tmp_p
                 assert ta.keys() == tb.keys()
                 for k in ta:
                     assert ta[k].dtype == tb[k].dtype and torch.equal(ta[k], tb[k]), (a, k)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FLASHINFER_DUMP_LAYOUT": "compact"},
+        {"FLASHINFER_DUMP_RING": "64", "FLASHINFER_DUMP_ON": "exit"},
+    ],
+    ids=["compact", "ring"],
+)
+def test_a_failed_device_call_sends_the_capture_to_the_host_and_loses_no_call(tmp_path, env):
+    root, counters = recorded(tmp_path, "fail", **env)
+    assert counters["failures"] == 1 and counters["hashed"] == 0
+    log = (tmp_path / "device.log").read_text().splitlines()
+    assert [line for line in log if "WARNING" in line] == [
+        "[flashinfer] WARNING: hashing chunks on the test device failed (as asked); the flight "
+        "recorder copies tensors to the host from now on"
+    ]
+    results = replay_sequence(str(root), device="cpu")
+    assert len(results) == 1 + 4 * 3  # the failed call's capture was taken on the host
+    assert all(r.get("comparison_match", True) and "error" not in r for r in results)

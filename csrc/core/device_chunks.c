@@ -7,20 +7,30 @@
 
 #include <string.h>
 
+#include "record_mode.h"
 #include "tensor.h"
 
-static int test_on;
+/* The test device: 0 off, 1 on, 2 on and failing its first hash as a device would (then
+ * it takes nothing, as the CUDA one after a failure). */
+static int test_on, test_broken;
 
 static int test_takes(const fi_chunk_device *d, int device_type)
 {
     (void)d;
-    return device_type == FI_DEVICE_CPU;
+    return device_type == FI_DEVICE_CPU && !test_broken;
 }
 
 static int test_hash(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
                      const int64_t *length, int64_t n, const uint32_t *key, fi_chunk_hash *out)
 {
-    (void)d;
+    if (test_on == 2) {
+        test_broken = 1;
+        d->failures++;
+        PyErr_SetString(PyExc_RuntimeError,
+                        "hashing chunks on the test device failed (as asked); the flight "
+                        "recorder copies tensors to the host from now on");
+        return -1;
+    }
     for (int64_t i = 0; i < n; i++)
         fi_chunk_hash_cpu((const char *)t->data + offset[i], (size_t)length[i], key, &out[i]);
     return 0;
@@ -38,7 +48,7 @@ static int test_copy(fi_chunk_device *d, const fi_tensor *t, const int64_t *offs
     return 0;
 }
 
-static fi_chunk_device test_device = {test_takes, test_hash, test_copy, 0, 0};
+static fi_chunk_device test_device = {test_takes, test_hash, test_copy, 0, 0, 0};
 
 #ifdef FI_WITH_CUDA
 static int cuda_broken;
@@ -69,10 +79,13 @@ static int streams(int device, void **producer, void **side)
     return ok ? 0 : -1;
 }
 
-/* A failed device call: the host path from now on, and the call's capture fails once. */
+static fi_chunk_device cuda_device;
+
+/* A failed device call: the host path from now on (the capture is taken again there). */
 static int device_failed(const fi_tensor *t, const char *what)
 {
     cuda_broken = 1;
+    cuda_device.failures++;
     PyErr_Format(PyExc_RuntimeError,
                  "%s on cuda:%d failed (%s); the flight recorder copies CUDA tensors to the host "
                  "from now on",
@@ -111,8 +124,25 @@ static int cuda_copy(fi_chunk_device *d, const fi_tensor *t, const int64_t *offs
     return on_device(t, offset, length, n, NULL, NULL, dst);
 }
 
-static fi_chunk_device cuda_device = {cuda_takes, cuda_hash, cuda_copy, 0, 0};
+static fi_chunk_device cuda_device = {cuda_takes, cuda_hash, cuda_copy, 0, 0, 0};
 #endif
+
+int fi_device_chunks_gave_up(fi_recorder *rec, const fi_chunk_device *dev, unsigned before)
+{
+    if (!dev || dev->failures == before || !PyErr_Occurred())
+        return 0;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    const char *why = text ? PyUnicode_AsUTF8(text) : NULL;
+    PyErr_Clear();
+    fi_dump_log(rec, "[flashinfer] WARNING: %s", why ? why : "a device call failed");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return 1;
+}
 
 fi_chunk_device *fi_device_chunks(void)
 {
@@ -128,8 +158,10 @@ fi_chunk_device *fi_device_chunks(void)
 PyDoc_STRVAR(device_chunks_doc,
              "_device_chunks(test=None) -> dict\n\n"
              "The compact capture's device path: which one a recorded call uses ('cuda', 'test' "
-             "or None), and the bytes it hashed where they live and copied to the host so far. "
-             "test=True routes CPU tensors through the same steps (for tests), False ends that.");
+             "or None), the bytes it hashed where they live and copied to the host so far, and "
+             "its failed device calls (each sends the capture to the host for good). "
+             "test=True routes CPU tensors through the same steps (for tests), 'fail' does so "
+             "with a first hash that fails as a device's would, False ends that.");
 
 static PyObject *device_chunks_py(PyObject *module, PyObject *args, PyObject *kwargs)
 {
@@ -139,16 +171,20 @@ static PyObject *device_chunks_py(PyObject *module, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:_device_chunks", kwlist, &test))
         return NULL;
     if (test != Py_None) {
-        int on = PyObject_IsTrue(test);
+        int on = PyUnicode_Check(test) && PyUnicode_CompareWithASCIIString(test, "fail") == 0
+                     ? 2
+                     : PyObject_IsTrue(test);
         if (on < 0)
             return NULL;
         test_on = on;
+        test_broken = 0;
     }
     fi_chunk_device *d = fi_device_chunks();
     const char *name = d == &test_device ? "test" : d ? "cuda" : NULL;
-    return Py_BuildValue("{s:s,s:K,s:K}", "device", name, "hashed",
+    return Py_BuildValue("{s:s,s:K,s:K,s:I}", "device", name, "hashed",
                          (unsigned long long)(d ? d->hashed : 0), "copied",
-                         (unsigned long long)(d ? d->copied : 0));
+                         (unsigned long long)(d ? d->copied : 0), "failures",
+                         d ? d->failures : 0u);
 }
 
 PyDoc_STRVAR(chunk_hash_device_doc,

@@ -12,6 +12,7 @@
 #include "dump_format.h"
 #include "json.h"
 #include "sink.h"
+#include "stats.h"
 #include "strbuf.h"
 
 /* ---------------------------------------------------------------- log lines */
@@ -288,4 +289,16 @@ Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char
         path, tensors, st ? FI_FORMAT_SAFETENSORS : FI_FORMAT_TORCH, opts ? opts : &none);
     free(path);
     return written;
+}
+
+fi_save_opts fi_dump_save_opts(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
+                               fi_chunk_device *dev)
+{
+    call->ctx->paged.device_ranges = dev && dev->takes(dev, FI_DEVICE_CUDA);
+    return (fi_save_opts){inputs ? fi_stats_memo_put : NULL,
+                          &call->ctx->stats,
+                          fi_paged_keep,
+                          &call->ctx->paged,
+                          ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
+                          dev};
 }

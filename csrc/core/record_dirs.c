@@ -163,19 +163,11 @@ static int dirs_place(fi_dump_call *call, const char *stamp, long long bytes, lo
 
 /* The inputs' level-5 statistics come in the same pass (stats.c), kept in the call's memo;
  * a paged KV cache keeps the pages the call reads (docs/flight-recorder.md#page-aware-capture). */
-static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
+static Py_ssize_t dirs_save_with(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts,
+                                 fi_chunk_device *dev)
 {
-    int inputs = stem[0] == 'i';
     fi_recorder *rec = call->rec;
-    /* the compact layout hashes CUDA tensors on their device (device_chunks.c) */
-    fi_chunk_device *dev = rec->compact ? fi_device_chunks() : NULL;
-    call->ctx->paged.device_ranges = dev && dev->takes(dev, FI_DEVICE_CUDA);
-    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL,
-                         &call->ctx->stats,
-                         fi_paged_keep,
-                         &call->ctx->paged,
-                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
-                         dev};
+    fi_save_opts opts = fi_dump_save_opts(call, stem[0] == 'i', ts, dev);
     if (!rec->compact)
         return fi_dump_save_tensors_at(rec, call->dir, stem, ts->tensors, &opts);
     if (!rec->compact_writer &&
@@ -193,6 +185,18 @@ static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_
     Py_ssize_t written = fi_compact_save(rec->compact_writer, path, ts->tensors, &opts);
     free(path);
     return written;
+}
+
+/* The compact layout hashes CUDA tensors on their device (device_chunks.c), and takes the
+ * capture again on the host when a device call fails. */
+static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_tensors *ts)
+{
+    fi_chunk_device *dev = call->rec->compact ? fi_device_chunks() : NULL;
+    unsigned failures = dev ? dev->failures : 0;
+    Py_ssize_t r = dirs_save_with(call, stem, ts, dev);
+    if (r < 0 && fi_device_chunks_gave_up(call->rec, dev, failures))
+        r = dirs_save_with(call, stem, ts, NULL);
+    return r;
 }
 
 static int dirs_write_record(fi_dump_call *call)

@@ -272,26 +272,18 @@ static PyObject *host_tensors_but_paged(PyObject *tensors, const fi_paged *paged
 /* The compact layout: the tensors' chunks into the ring's store (a copy of each chunk the
  * store lacks: callers reuse their buffers), the pages a paged cache's call reads only, the
  * inputs' statistics taken on the way; the manifest's tail built now. CUDA tensors are
- * hashed on their device and only new chunks copied (device_chunks.c). On failure m holds
- * nothing. */
-static Py_ssize_t build_chunks(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
-                               fi_ring_manifest *m)
+ * hashed on their device and only new chunks copied (device_chunks.c): when a device call
+ * fails, again on the host. On failure m holds nothing. */
+static Py_ssize_t build_chunks_with(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
+                                    fi_ring_manifest *m, fi_chunk_device *dev)
 {
     fi_ring *ring = call->rec->ring;
-    fi_chunk_device *dev = fi_device_chunks();
-    int on_device = dev && dev->takes(dev, FI_DEVICE_CUDA);
-    call->ctx->paged.device_ranges = on_device;
-    PyObject *host = ts->any_cuda && !on_device
+    fi_save_opts opts = fi_dump_save_opts(call, inputs, ts, dev);
+    PyObject *host = ts->any_cuda && !call->ctx->paged.device_ranges
                          ? host_tensors_but_paged(ts->tensors, &call->ctx->paged)
                          : Py_NewRef(ts->tensors);
     if (!host)
         return -1;
-    fi_save_opts opts = {inputs ? fi_stats_memo_put : NULL,
-                         &call->ctx->stats,
-                         fi_paged_keep,
-                         &call->ctx->paged,
-                         ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
-                         dev};
     size_t before = fi_chunk_store_bytes(ring->store);
     fi_ring_manifest_clear(m);
     m->store = ring->store;
@@ -309,6 +301,17 @@ static Py_ssize_t build_chunks(fi_dump_call *call, int inputs, const fi_dump_ten
     }
     size_t after = fi_chunk_store_bytes(ring->store);
     return after > before ? (Py_ssize_t)(after - before) : 0;
+}
+
+static Py_ssize_t build_chunks(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
+                               fi_ring_manifest *m)
+{
+    fi_chunk_device *dev = fi_device_chunks();
+    unsigned failures = dev ? dev->failures : 0;
+    Py_ssize_t r = build_chunks_with(call, inputs, ts, m, dev);
+    if (r < 0 && fi_device_chunks_gave_up(call->rec, dev, failures))
+        r = build_chunks_with(call, inputs, ts, m, NULL);
+    return r;
 }
 
 /* The tensor file image of ts in img: host copies taken first for CUDA tensors. */

@@ -120,4 +120,10 @@ int fi_dump_write_session_record(fi_recorder *rec, PyObject *record);
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
                                    PyObject *tensors, const fi_save_opts *opts);
 
+/* How a call's inputs (inputs 1) or outputs are saved: the inputs' statistics kept in the
+ * call's memo, a paged cache's read pages only, torch's threads for a large call, and dev
+ * (the compact layout's device path, or NULL), which then reads the pages on the device. */
+fi_save_opts fi_dump_save_opts(fi_dump_call *call, int inputs, const fi_dump_tensors *ts,
+                               fi_chunk_device *dev);
+
 #endif

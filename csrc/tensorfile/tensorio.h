@@ -49,6 +49,7 @@ struct fi_chunk_device {
     int (*copy)(fi_chunk_device *d, const fi_tensor *t, const int64_t *offset,
                 const int64_t *length, int64_t n, void *dst);
     uint64_t hashed, copied; /* bytes, for the benchmarks and tests */
+    unsigned failures;       /* device calls that failed (each ends the path: takes() is 0) */
 };
 
 typedef struct {
