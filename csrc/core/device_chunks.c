@@ -183,8 +183,7 @@ static PyObject *device_chunks_py(PyObject *module, PyObject *args, PyObject *kw
     const char *name = d == &test_device ? "test" : d ? "cuda" : NULL;
     return Py_BuildValue("{s:s,s:K,s:K,s:I}", "device", name, "hashed",
                          (unsigned long long)(d ? d->hashed : 0), "copied",
-                         (unsigned long long)(d ? d->copied : 0), "failures",
-                         d ? d->failures : 0u);
+                         (unsigned long long)(d ? d->copied : 0), "failures", d ? d->failures : 0u);
 }
 
 PyDoc_STRVAR(chunk_hash_device_doc,
