@@ -21,6 +21,7 @@ struct fi_chunk_store {
     uint64_t next_id;
     char *free_buf[FREE_MAX];
     int nfree;
+    uint64_t parts_added;
 };
 
 /* Random key words from the kernel (getrandom, else /dev/urandom). 0 or -1. */
@@ -79,6 +80,7 @@ void fi_chunk_store_free(fi_chunk_store *s)
         for (fi_chunk *c = s->bucket[b], *next; c; c = next) {
             next = c->next;
             free(c->data);
+            fi_stats_stream_free(c->part);
             free(c);
         }
     }
@@ -95,6 +97,9 @@ void fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, 
 {
     fi_chunk_hash_cpu(data, len, s->key, h);
 }
+
+void fi_chunk_store_parts_added_count(fi_chunk_store *s, uint64_t n) { s->parts_added += n; }
+uint64_t fi_chunk_store_parts_added(const fi_chunk_store *s) { return s->parts_added; }
 
 size_t fi_chunk_store_bytes(const fi_chunk_store *s) { return s->bytes; }
 size_t fi_chunk_store_count(const fi_chunk_store *s) { return s->count; }
@@ -141,15 +146,20 @@ static void give_buffer(fi_chunk_store *s, char *p, size_t len)
         free(p);
 }
 
+const fi_chunk *fi_chunk_peek(const fi_chunk_store *s, size_t len, const fi_chunk_hash *h)
+{
+    for (const fi_chunk *c = s->bucket[bucket_of(s, h)]; c; c = c->next)
+        if (c->len == len && memcmp(&c->hash, h, sizeof *h) == 0)
+            return c;
+    return NULL;
+}
+
 fi_chunk *fi_chunk_find(fi_chunk_store *s, size_t len, const fi_chunk_hash *h)
 {
-    for (fi_chunk *c = s->bucket[bucket_of(s, h)]; c; c = c->next) {
-        if (c->len == len && memcmp(&c->hash, h, sizeof *h) == 0) {
-            c->refs++;
-            return c;
-        }
-    }
-    return NULL;
+    fi_chunk *c = (fi_chunk *)fi_chunk_peek(s, len, h); /* the store's own: not const */
+    if (c)
+        c->refs++;
+    return c;
 }
 
 fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h,
@@ -199,6 +209,7 @@ void fi_chunk_release(fi_chunk_store *s, fi_chunk *c)
     s->bytes -= c->len;
     if (c->data)
         give_buffer(s, c->data, c->len);
+    fi_stats_stream_free(c->part);
     free(c);
 }
 

@@ -21,6 +21,9 @@ typedef struct fi_chunk {
     int64_t pack;     /* the pack it was last written to (fi_chunk_pack_*), or -1 */
     uint64_t fired;   /* the ring's last write-out that wrote it */
     uint64_t counted; /* the ring's mark of the last count that counted it */
+    /* its statistics partial (fi_stats_part_new), or NULL: a capture that meets the chunk
+     * again adds it instead of reading the bytes (docs/dump-format.md#chunk-statistics) */
+    fi_stats_stream *part;
     struct fi_chunk *next;
 } fi_chunk;
 
@@ -47,8 +50,17 @@ fi_chunk *fi_chunk_find(fi_chunk_store *s, size_t len, const fi_chunk_hash *h);
 fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h,
                        int *added);
 
+/* The chunk holding len bytes whose hash is h, or NULL; no reference is taken. Only reads
+ * the store, so threads may look up while nothing changes it. */
+const fi_chunk *fi_chunk_peek(const fi_chunk_store *s, size_t len, const fi_chunk_hash *h);
+
 /* Drops a reference; the chunk goes when the last one does. */
 void fi_chunk_release(fi_chunk_store *s, fi_chunk *c);
+
+/* Counts n more chunks whose statistics a capture took from their kept partial instead of
+ * their bytes, and gives the count so far: tests read it to see the bytes were not read. */
+void fi_chunk_store_parts_added_count(fi_chunk_store *s, uint64_t n);
+uint64_t fi_chunk_store_parts_added(const fi_chunk_store *s);
 
 /* Bytes of the chunks held (each counted once however many calls hold it), and their
  * number. */

@@ -39,9 +39,11 @@ static int add_ref(fi_compact_tensor *t, uint64_t offset, fi_chunk *c)
 }
 
 /* One chunk, its hash h taken: referenced, and appended to the sink's pack when the pack
- * lacks it. */
+ * lacks it; *part (may be NULL), a statistics partial taken of it, is kept with the chunk
+ * when the chunk has none (*part is then NULL). */
 static int capture_chunk(fi_chunk_store *store, const char *p, size_t len, uint64_t offset,
-                         const fi_chunk_hash *h, fi_pack_sink *sink, fi_compact_tensor *t)
+                         const fi_chunk_hash *h, fi_stats_stream **part, fi_pack_sink *sink,
+                         fi_compact_tensor *t)
 {
     int added;
     fi_chunk *c = fi_chunk_put(store, p, len, h, &added);
@@ -53,6 +55,10 @@ static int capture_chunk(fi_chunk_store *store, const char *p, size_t len, uint6
     }
     if (added)
         t->new_bytes += len;
+    if (part && *part && !c->part) {
+        c->part = *part;
+        *part = NULL;
+    }
     if (sink && sink->fd >= 0 && c->pack != sink->index && !sink->err) {
         if (fi_chunk_pack_write(sink->fd, c, p) < 0)
             sink->err = errno ? errno : EIO;
@@ -103,14 +109,34 @@ static chunk_at *list_chunks(const fi_saved_tensor *s, size_t *count)
     return c;
 }
 
-/* Hashes (into h) and statistics (into st, may be NULL) of a run of chunks: one thread's. */
+/* Hashes (into h) and statistics (into st, may be NULL) of a run of chunks: one thread's.
+ * The statistics of a chunk are read only when they must be: a chunk the store holds with
+ * a statistics partial adds it to st; one without gets a new partial (into part[i], which
+ * capture_chunk keeps with the chunk) while st can take one; bytes whose partial st cannot
+ * take are fed to st in order (docs/dump-format.md#chunk-statistics). */
 typedef struct {
     const fi_chunk_store *store;
     const chunk_at *c;
     size_t n;
     fi_chunk_hash *h;
+    fi_stats_stream **part;
     fi_stats_stream *st;
+    fi_dtype dtype;
+    uint64_t reused; /* chunks whose kept partial was added */
 } hash_job;
+
+/* Chunk i's statistics into st: its partial added, or its bytes fed. */
+static void stats_of_chunk(hash_job *j, fi_stats_stream *st, size_t i)
+{
+    const fi_chunk *known = fi_chunk_peek(j->store, j->c[i].len, &j->h[i]);
+    const fi_stats_stream *part = known && known->part ? known->part : j->part[i];
+    if (!part && fi_stats_stream_exact(st))
+        part = j->part[i] = fi_stats_part_new(j->dtype, j->c[i].p, j->c[i].len);
+    if (!part || fi_stats_stream_add(st, part) < 0)
+        fi_stats_stream_feed(st, j->c[i].p, j->c[i].len);
+    else if (part != j->part[i])
+        j->reused++;
+}
 
 static void *hash_chunks(void *arg)
 {
@@ -118,7 +144,7 @@ static void *hash_chunks(void *arg)
     for (size_t i = 0; i < j->n; i++) {
         fi_chunk_store_hash(j->store, j->c[i].p, j->c[i].len, &j->h[i]);
         if (j->st)
-            fi_stats_stream_feed(j->st, j->c[i].p, j->c[i].len);
+            stats_of_chunk(j, j->st, i);
     }
     return NULL;
 }
@@ -126,12 +152,13 @@ static void *hash_chunks(void *arg)
 #define CAPTURE_MAX_THREADS 64
 #define CAPTURE_MIN_BYTES ((uint64_t)4 << 20) /* per thread */
 
-/* Every chunk's hash, and st fed every chunk in order: the chunks split over up to
- * threads threads for a large tensor, each thread's statistics a fork of st joined in
- * order (fi_stats_stream_join: the bits of one stream), or fed again in order when a join
- * cannot be shown exact. -1 when out of memory. */
-static int hash_all(const fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk_hash *h,
-                    fi_stats_stream *st, int threads)
+/* Every chunk's hash, and st (of dtype) fed every chunk in order: the chunks split over up
+ * to threads threads for a large tensor, each thread's statistics a fork of st joined in
+ * order (fi_stats_stream_join: the bits of one stream); the chunks of a fork whose join
+ * cannot be shown exact go to st again, in order. part[0..n) (when st is set) gets the
+ * new partials. The threads only read the store. -1 when out of memory. */
+static int hash_all(fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk_hash *h,
+                    fi_stats_stream **part, fi_stats_stream *st, fi_dtype dtype, int threads)
 {
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
@@ -139,17 +166,16 @@ static int hash_all(const fi_chunk_store *store, const chunk_at *c, size_t n, fi
     uint64_t want = bytes / CAPTURE_MIN_BYTES;
     int nt = threads < 1 ? 1 : threads > CAPTURE_MAX_THREADS ? CAPTURE_MAX_THREADS : threads;
     nt = want < (uint64_t)nt ? (want < 1 ? 1 : (int)want) : nt;
-    nt = (size_t)nt > n || (st && !fi_stats_stream_joinable(st)) ? 1 : nt;
+    nt = (size_t)nt > n || (st && !fi_stats_stream_exact(st)) ? 1 : nt;
     hash_job job[CAPTURE_MAX_THREADS];
     pthread_t thread[CAPTURE_MAX_THREADS];
     int started[CAPTURE_MAX_THREADS] = {0};
     for (int t = 0; t < nt; t++) {
         size_t first = n * (size_t)t / (size_t)nt, last = n * (size_t)(t + 1) / (size_t)nt;
-        job[t] = (hash_job){store, c + first, last - first, h + first, st};
+        job[t] = (hash_job){store, c + first, last - first, h + first, part + first, st, dtype, 0};
         if (st && t > 0 && !(job[t].st = fi_stats_stream_fork(st))) {
             while (--t > 0)
-                fi_stats_stream_join(st, job[t].st); /* frees it; st is restarted below */
-            fi_stats_stream_restart(st);
+                fi_stats_stream_free(job[t].st);
             return -1;
         }
     }
@@ -162,16 +188,16 @@ static int hash_all(const fi_chunk_store *store, const chunk_at *c, size_t n, fi
         else
             hash_chunks(&job[t]);
     }
-    int joined = 1;
-    for (int t = 1; st && t < nt; t++) /* each join frees the fork; after a refused one st
-                                        * is fed again below */
-        if (fi_stats_stream_join(st, job[t].st) < 0)
-            joined = 0;
-    if (!joined) { /* not provably the in-order bits: feed them in order */
-        fi_stats_stream_restart(st);
-        for (size_t i = 0; i < n; i++)
-            fi_stats_stream_feed(st, c[i].p, c[i].len);
+    for (int t = 1; st && t < nt; t++) { /* each join frees the fork; st is unchanged by a
+                                          * refused one, and then takes the chunks itself */
+        if (fi_stats_stream_join(st, job[t].st) == 0)
+            continue;
+        job[t].reused = 0;
+        for (size_t i = 0; i < job[t].n; i++)
+            stats_of_chunk(&job[t], st, i);
     }
+    for (int t = 0; t < nt; t++)
+        fi_chunk_store_parts_added_count(store, job[t].reused);
     return 0;
 }
 
@@ -204,11 +230,15 @@ int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_
     size_t n = 0;
     chunk_at *c = list_chunks(s, &n);
     fi_chunk_hash *h = c ? malloc((n ? n : 1) * sizeof(*h)) : NULL;
-    int r = h && hash_all(store, c, n, h, st, threads) == 0 ? 0 : -1;
+    fi_stats_stream **part = h ? calloc(n ? n : 1, sizeof(*part)) : NULL;
+    int r = part && hash_all(store, c, n, h, part, st, s->t.dtype, threads) == 0 ? 0 : -1;
     for (size_t i = 0; r == 0 && i < n; i++)
-        r = capture_chunk(store, c[i].p, c[i].len, c[i].offset, &h[i], sink, t);
+        r = capture_chunk(store, c[i].p, c[i].len, c[i].offset, &h[i], &part[i], sink, t);
+    for (size_t i = 0; part && i < n; i++)
+        fi_stats_stream_free(part[i]); /* those no chunk kept */
     free(c);
     free(h);
+    free(part);
     if (r < 0) {
         fi_compact_tensor_clear(store, t);
         PyErr_NoMemory();
@@ -276,7 +306,7 @@ static int capture_on_device(fi_chunk_store *store, const fi_saved_tensor *s, fi
             found[i] = NULL; /* t holds it now */
             continue;
         }
-        r = capture_chunk(store, next, c[i].len, c[i].offset, &h[i], sink, t);
+        r = capture_chunk(store, next, c[i].len, c[i].offset, &h[i], NULL, sink, t);
         next += c[i].len;
     }
     for (size_t i = 0; r == 0 && st && i < n; i++) /* a CPU tensor's own memory */
@@ -1075,24 +1105,42 @@ static void writer_dealloc(writer_object *self)
     Py_DECREF(tp);
 }
 
+/* A statistics sink for tests: stats[tensor] = (min, max, mean, nan_count, inf_count). */
+static void stats_into_dict(void *ctx, PyObject *tensor, const fi_stats *st)
+{
+    PyObject *v = Py_BuildValue("(dddLL)", st->min, st->max, st->mean, (long long)st->nan_count,
+                                (long long)st->inf_count);
+    if (!v || PyDict_SetItem(ctx, tensor, v) < 0)
+        PyErr_Clear();
+    Py_XDECREF(v);
+}
+
 PyDoc_STRVAR(writer_save_doc,
-             "save(path, tensors, keep=None, threads=1) -> int\n\n"
+             "save(path, tensors, keep=None, threads=1, stats=None) -> int\n\n"
              "Write tensors (a dict) as the compact manifest at path (CALL/inputs.chunks.json)\n"
              "and their chunks new to this writer to its pack in CALL/../chunks; keep as for\n"
              "save_tensors; a large tensor's chunks are hashed on up to threads threads (the\n"
-             "same files). Returns the bytes written (new chunks and manifest).");
+             "same files). With a dict stats, the statistics the capture takes of each float\n"
+             "CPU tensor go to stats[tensor] as (min, max, mean, nan_count, inf_count) (tests).\n"
+             "Returns the bytes written (new chunks and manifest).");
 
 static PyObject *writer_save(writer_object *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"path", "tensors", "keep", "threads", NULL};
-    PyObject *path = NULL, *dict, *keep = NULL;
+    static char *kwlist[] = {"path", "tensors", "keep", "threads", "stats", NULL};
+    PyObject *path = NULL, *dict, *keep = NULL, *stats = Py_None;
     int threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O!|Oi:save", kwlist, PyUnicode_FSConverter,
-                                     &path, &PyDict_Type, &dict, &keep, &threads))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O!|OiO:save", kwlist, PyUnicode_FSConverter,
+                                     &path, &PyDict_Type, &dict, &keep, &threads, &stats))
         return NULL;
+    if (stats != Py_None && !PyDict_Check(stats)) {
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_TypeError, "save: stats must be a dict or None");
+        return NULL;
+    }
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, threads, NULL};
+    fi_save_opts opts = {
+        stats == Py_None ? NULL : stats_into_dict, stats, fi_keep_map_find, &m, threads, NULL};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_compact_save(self->w, PyBytes_AS_STRING(path), dict, &opts);
     fi_keep_map_free(&m);
@@ -1112,6 +1160,12 @@ static PyObject *writer_chunks(writer_object *self, PyObject *unused)
     return PyLong_FromSize_t(fi_chunk_store_count(self->w->store));
 }
 
+static PyObject *writer_partials_added(writer_object *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(fi_chunk_store_parts_added(self->w->store));
+}
+
 static PyMethodDef writer_methods[] = {
     {"save", (PyCFunction)(void (*)(void))writer_save, METH_VARARGS | METH_KEYWORDS,
      writer_save_doc},
@@ -1119,6 +1173,9 @@ static PyMethodDef writer_methods[] = {
      "unique_bytes() -> int\n\nBytes of the distinct chunks written so far."},
     {"chunks", (PyCFunction)writer_chunks, METH_NOARGS,
      "chunks() -> int\n\nThe number of distinct chunks written so far."},
+    {"_partials_added", (PyCFunction)writer_partials_added, METH_NOARGS,
+     "_partials_added() -> int\n\nChunks whose statistics came from the partial kept with\n"
+     "them instead of their bytes, so far (tests)."},
     {NULL, NULL, 0, NULL},
 };
 

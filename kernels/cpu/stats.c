@@ -1102,28 +1102,81 @@ int fi_stats_stream_join(fi_stats_stream *a, fi_stats_stream *b)
     return r;
 }
 
-int fi_stats_stream_joinable(const fi_stats_stream *s)
+int fi_stats_stream_exact(const fi_stats_stream *s)
 {
-#ifdef FI_HAVE_AVX2_ROW
-    return s->kind != LOAD_F32 && s->lanes.exact && fi_cpu_isa() >= FI_ISA_AVX2;
-#else
-    (void)s;
-    return 0;
-#endif
+    return s->kind != LOAD_F32 && s->lanes.exact && s->tail_n == 0;
 }
+
+/* ---- chunk partials (docs/dump-format.md#chunk-statistics) ---- */
+
+/* Shows, from the 16-bit codes of p[0..n) alone, that a fresh stream's in-order additions
+ * of them were all exact, whichever kernel made them, and sets the lanes' exact state: with
+ * no NaN or infinity, every element is a multiple of u = the ulp of the smallest nonzero
+ * one and below 2^(Emax+1) in magnitude, so a lane's running sums (n / 8 elements each)
+ * are multiples of u below 2^(Emax+1) * n / 8 = 2^bound; a double holds every such value
+ * when bound <= 52 + log2 u. Then grain = log2 u and peak = 2^bound. -1 when not shown. */
+static int prove_exact(fi_stats_stream *s, const char *p, int64_t n)
+{
+    const int mant = s->kind == LOAD_BF16 ? 7 : 10, bias = s->kind == LOAD_BF16 ? 127 : 15;
+    const unsigned special = s->kind == LOAD_BF16 ? 0x7f80u : 0x7c00u;
+    unsigned big = 0, small = 0xffffu;
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        unsigned mag = h & 0x7fffu;
+        big = mag > big ? mag : big;
+        small = mag - 1u < small ? mag - 1u : small; /* 0 -> 0xffffffff, never taken */
+    }
+    if (big >= special)
+        return -1;
+    if (big == 0) { /* only zeros: the lanes are +0, as a fresh stream's */
+        s->lanes.grain = INT_MAX;
+        s->lanes.peak = 0.0;
+        s->lanes.exact = 1;
+        return 0;
+    }
+    int emax = (int)(big >> mant), emin = (int)((small + 1u) >> mant);
+    emax = emax < 1 ? 1 : emax;
+    emin = emin < 1 ? 1 : emin;
+    int ulp = emin - bias - mant, per_lane = 0;
+    while (((int64_t)1 << per_lane) < n / 8)
+        per_lane++;
+    int bound = emax - bias + 1 + per_lane;
+    if (ulp > 970 || bound > 52 + ulp)
+        return -1;
+    s->lanes.grain = ulp;
+    s->lanes.peak = two_to(bound);
+    s->lanes.exact = 1;
+    return 0;
+}
+
+fi_stats_stream *fi_stats_part_new(fi_dtype dtype, const void *p, size_t nbytes)
+{
+    int64_t n = (int64_t)(nbytes / 2);
+    if ((dtype != FI_DTYPE_F16 && dtype != FI_DTYPE_BF16) || nbytes % 16 || n < 16)
+        return NULL;
+    fi_stats_stream *s = fi_stats_stream_new(dtype, n);
+    if (!s)
+        return NULL;
+    fi_stats_stream_feed(s, p, nbytes);
+    s->tail = NULL; /* no tail: n is a multiple of 8; p is not kept */
+    if (!s->lanes.exact && prove_exact(s, p, n) < 0)
+        s->lanes.exact = 0;
+    return s;
+}
+
+int fi_stats_stream_add(fi_stats_stream *a, const fi_stats_stream *part)
+{
+    if (part->dtype != a->dtype || part->tail_n) /* stream_merge: both exact, a no tail */
+        return -1;
+    return stream_merge(a, part);
+}
+
+void fi_stats_stream_free(fi_stats_stream *s) { free(s); }
 
 fi_stats_stream *fi_stats_stream_fork(const fi_stats_stream *s)
 {
     return fi_stats_stream_new(s->dtype, s->numel);
-}
-
-void fi_stats_stream_restart(fi_stats_stream *s)
-{
-    float_lanes_init(&s->lanes);
-    s->lanes.exact = s->kind != LOAD_F32;
-    s->acc = (float_acc){INFINITY, -INFINITY, 0.0, 0, 0};
-    s->tail = NULL;
-    s->tail_n = 0;
 }
 
 typedef struct {

@@ -412,13 +412,28 @@ void fi_stats_stream_end(fi_stats_stream *s, fi_stats *out);
 /* Streams fed in parallel (docs/benchmarks.md#serving-loop-page-aware-capture): a fork is
  * a new empty stream of s's dtype and size, fed a later part of the elements; join adds
  * b's elements after a's, with the bits of one stream fed both in order, and frees b:
- * 0, or -1 when that cannot be shown (a unchanged: restart it and feed it all in order).
- * Only streams that stayed on the exact-sum path of 16-bit floats (AVX2) can join. */
+ * 0, or -1 when that cannot be shown (a unchanged: feed it b's elements in order). Only
+ * streams whose every addition is known exact can join: 16-bit floats on the AVX2
+ * exact-sum path, or built of partials (fi_stats_part_new) on any path. */
 fi_stats_stream *fi_stats_stream_fork(const fi_stats_stream *s);
-/* Whether s is on that path (16-bit floats, the AVX2 kernels, every block exact so far). */
-int fi_stats_stream_joinable(const fi_stats_stream *s);
 int fi_stats_stream_join(fi_stats_stream *a, fi_stats_stream *b);
-void fi_stats_stream_restart(fi_stats_stream *s);
+/* Whether every addition into s's lanes so far is known exact (16-bit floats, no tail):
+ * what joining a stream or adding a partial to s needs. */
+int fi_stats_stream_exact(const fi_stats_stream *s);
+
+/* A chunk's statistics partial (docs/dump-format.md#chunk-statistics): a fresh stream of
+ * dtype fed p[0..nbytes), kept with the chunk after p's memory is gone, so that a later
+ * capture meeting the same bytes at a lane boundary adds the partial instead of reading
+ * them again. Its additions are shown exact by the AVX2 exact path or, on any path, from
+ * the elements' exponents; a partial not shown exact is kept too, so that the chunk is
+ * not tried again, but is never added. NULL for other dtypes, nbytes not a multiple of 8
+ * elements, or out of memory. Free with fi_stats_stream_free. */
+fi_stats_stream *fi_stats_part_new(fi_dtype dtype, const void *p, size_t nbytes);
+/* Adds part's elements after a's, with the bits of a fed them in order (as
+ * fi_stats_stream_join, part kept): 0, or -1 with a unchanged (another dtype, part not
+ * exact, or the sum not shown exact: feed the bytes to a instead). */
+int fi_stats_stream_add(fi_stats_stream *a, const fi_stats_stream *part);
+void fi_stats_stream_free(fi_stats_stream *s);
 
 /* The statistics of n pieces of nbytes each (a multiple of the element size; float32,
  * float16 or bfloat16), as one stream fed them in order would give, bit for bit: pieces
