@@ -11,6 +11,7 @@
 typedef struct {
     const char *api_name; /* "Cls.method" or "func" */
     int level;            /* the log level in force (0, 1, 3, 5, 10) */
+    fi_tensor_seen seen;  /* its tensors' metadata, read once (emptied when the call ran) */
     fi_stats_memo stats;  /* statistics taken of this call's tensors so far */
     fi_paged paged;       /* the pages its paged tensors are read at (pages.h), if known */
     double took_us;       /* recorded calls: the wrapped function's host time, microseconds */
@@ -32,13 +33,20 @@ static inline void fi_call_begin(fi_call *call, const char *api_name, int level)
     call->paged.item = NULL;
     call->paged.n = 0;
     call->took_us = 0;
+    fi_tensor_seen_init(&call->seen);
     fi_stats_memo_init(&call->stats);
     call->stats.paged = &call->paged;
+    call->stats.seen = &call->seen;
 }
+
+/* The wrapped function ran: it may have changed the tensors it was given, so their
+ * metadata is read again (the statistics memo checks data pointer and version itself). */
+static inline void fi_call_returned(fi_call *call) { fi_tensor_seen_clear(&call->seen); }
 
 static inline void fi_call_end(fi_call *call)
 {
     fi_stats_memo_clear(&call->stats);
+    fi_tensor_seen_clear(&call->seen);
     fi_paged_free(&call->paged);
 }
 

@@ -299,7 +299,7 @@ fi_dump_call *fi_dump_begin(fi_recorder *rec, fi_call *ctx, const fi_dump_api *a
     }
     fi_dump_tensors ts = {0};
     int r = -1;
-    if (!call || fi_dump_tensors_init(&ts) < 0)
+    if (!call || fi_dump_tensors_init(&ts, &ctx->seen) < 0)
         goto done;
     check_fork(rec);
     call->rec = rec;
@@ -335,7 +335,7 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
     PyObject *rec_dict = call->record;
     fi_dump_tensors ts;
     int r = -1;
-    if (fi_dump_tensors_init(&ts) < 0)
+    if (fi_dump_tensors_init(&ts, &call->ctx->seen) < 0)
         goto done;
     PyObject *out_meta = PyDict_GetItemString(rec_dict, "output_metadata");
     PyObject *info = PyDict_GetItemString(rec_dict, "tensor_info");

@@ -48,7 +48,8 @@ static PyObject *tensor_text(int (*put)(fi_buf *, PyObject *, const fi_tensor *)
 /* The tensor_details entry {shape, dtype, stride, device} of a tensor in a tensor file;
  * nested, the metadata value standing for a tensor inside a container: also the type tag
  * "torch.Tensor", requires_grad, is_contiguous and the tensor_key it is stored under. */
-static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, int nested, PyObject *key)
+static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, int nested, PyObject *key,
+                             fi_tensor_seen *seen)
 {
     PyObject *d = PyDict_New();
     if (!d)
@@ -61,8 +62,9 @@ static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, int nested, P
         goto fail;
     if (!nested)
         return d;
-    PyObject *requires_grad = PyObject_GetAttr(tensor, fi_names.requires_grad);
-    if (fi_dump_dict_set(d, "requires_grad", requires_grad) < 0 ||
+    int requires_grad = fi_tensor_seen_requires_grad(seen, tensor);
+    if (requires_grad < 0 ||
+        fi_dump_dict_set(d, "requires_grad", PyBool_FromLong(requires_grad)) < 0 ||
         fi_dump_dict_set(d, "is_contiguous", PyBool_FromLong(fi_tensor_is_contiguous(t))) < 0 ||
         fi_dump_dict_set(d, "tensor_key", Py_NewRef(key)) < 0)
         goto fail;
@@ -75,9 +77,9 @@ fail:
 /* Adds tensor to ts under key; *t gets its metadata, read once for every use. */
 static int collect_tensor(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, fi_tensor *t)
 {
-    if (fi_tensor_from_py(tensor, t) < 0)
+    if (fi_tensor_seen_get(ts->seen, tensor, t, 1) < 0)
         return -1;
-    PyObject *details = tensor_meta(tensor, t, 0, key);
+    PyObject *details = tensor_meta(tensor, t, 0, key, ts->seen);
     if (!details)
         return -1;
     int r = PyDict_SetItem(ts->details, key, details);
@@ -116,9 +118,9 @@ static PyObject *zero_view(PyObject *tensor)
 static int collect_scratch(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, int views)
 {
     fi_tensor t;
-    if (fi_tensor_meta_from_py(tensor, &t) < 0)
+    if (fi_tensor_seen_get(ts->seen, tensor, &t, 0) < 0)
         return -1;
-    PyObject *details = tensor_meta(tensor, &t, 0, key);
+    PyObject *details = tensor_meta(tensor, &t, 0, key, ts->seen);
     if (!details || fi_dump_dict_set(details, "scratch", Py_NewRef(Py_True)) < 0 ||
         PyDict_SetItem(ts->details, key, details) < 0 || PyList_Append(ts->keys, key) < 0) {
         Py_XDECREF(details);
@@ -232,7 +234,7 @@ static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key)
     }
     if (fi_is_tensor(v)) {
         fi_tensor t;
-        return collect_tensor(ts, key, v, &t) < 0 ? NULL : tensor_meta(v, &t, 1, key);
+        return collect_tensor(ts, key, v, &t) < 0 ? NULL : tensor_meta(v, &t, 1, key, ts->seen);
     }
     if (Py_EnterRecursiveCall(" while encoding dump metadata"))
         return NULL;
@@ -272,8 +274,9 @@ static int add_value(fi_dump_tensors *ts, PyObject *meta, PyObject *key, PyObjec
     return r;
 }
 
-int fi_dump_tensors_init(fi_dump_tensors *ts)
+int fi_dump_tensors_init(fi_dump_tensors *ts, fi_tensor_seen *seen)
 {
+    ts->seen = seen;
     ts->tensors = PyDict_New();
     ts->details = PyDict_New();
     ts->keys = PyList_New(0);

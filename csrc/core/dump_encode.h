@@ -8,19 +8,21 @@
 #include <Python.h>
 
 #include "scratch.h"
+#include "tensor.h"
 
 /* The tensors of one tensor file (inputs or outputs), gathered while encoding. */
 typedef struct {
-    PyObject *tensors; /* key -> tensor, for the tensor file */
-    PyObject *details; /* key -> tensor_details entry */
-    PyObject *keys;    /* list of tensor keys in order */
-    long long bytes;   /* nbytes of the tensors collected */
-    int any_cuda;      /* a CUDA tensor is among them */
+    PyObject *tensors;    /* key -> tensor, for the tensor file */
+    PyObject *details;    /* key -> tensor_details entry */
+    PyObject *keys;       /* list of tensor keys in order */
+    long long bytes;      /* nbytes of the tensors collected */
+    int any_cuda;         /* a CUDA tensor is among them */
+    fi_tensor_seen *seen; /* the call's tensor metadata, read once (tensor.h), or NULL */
 } fi_dump_tensors;
 
-/* Empty collections; -1 with an exception set. fi_dump_tensors_free releases them (also
- * after a failed init). */
-int fi_dump_tensors_init(fi_dump_tensors *ts);
+/* Empty collections, reading tensor metadata through seen (NULL: from Python each time); -1
+ * with an exception set. fi_dump_tensors_free releases them (also after a failed init). */
+int fi_dump_tensors_init(fi_dump_tensors *ts, fi_tensor_seen *seen);
 void fi_dump_tensors_free(fi_dump_tensors *ts);
 
 /* input_metadata of a vectorcall (keys arg_N, kwarg_NAME) into meta; top-level tensors

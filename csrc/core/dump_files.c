@@ -276,7 +276,7 @@ int fi_dump_write_session_record(fi_recorder *rec, PyObject *record)
 Py_ssize_t fi_dump_save_tensors_at(fi_recorder *rec, const char *dir, const char *stem,
                                    PyObject *tensors, const fi_save_opts *opts)
 {
-    static const fi_save_opts none = {NULL, NULL, NULL, NULL, 0, NULL};
+    static const fi_save_opts none = {NULL, NULL, NULL, NULL, 0, NULL, NULL};
     int st = rec->cfg->safetensors;
     size_t n = strlen(dir) + 32;
     char *path = malloc(n);
@@ -300,5 +300,6 @@ fi_save_opts fi_dump_save_opts(fi_dump_call *call, int inputs, const fi_dump_ten
                           fi_paged_keep,
                           &call->ctx->paged,
                           ts->bytes >= FI_THREADED_BYTES ? fi_torch_threads() : 1,
-                          dev};
+                          dev,
+                          &call->ctx->seen};
 }

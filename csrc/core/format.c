@@ -72,15 +72,12 @@ static int put_int_tuple(fi_buf *b, const int64_t *v, int n)
     return fi_buf_puts(b, n == 1 ? ",)" : ")");
 }
 
-int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, int with_data)
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, int with_data,
+                          fi_tensor_seen *seen)
 {
-    if ((with_data ? fi_tensor_from_py(tensor, t) : fi_tensor_meta_from_py(tensor, t)) < 0)
+    if (fi_tensor_seen_get(seen, tensor, t, with_data) < 0)
         return -1;
-    PyObject *rg = PyObject_GetAttr(tensor, fi_names.requires_grad);
-    if (!rg)
-        return -1;
-    *requires_grad = PyObject_IsTrue(rg);
-    Py_DECREF(rg);
+    *requires_grad = fi_tensor_seen_requires_grad(seen, tensor);
     return *requires_grad < 0 ? -1 : 0;
 }
 
@@ -88,7 +85,7 @@ static int format_tensor(fi_buf *b, PyObject *tensor, int indent, fi_call *call)
 {
     fi_tensor t;
     int requires_grad;
-    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5) < 0)
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5, &call->seen) < 0)
         return -1;
     fi_buf_indent(b, indent);
     fi_buf_puts(b, "Tensor(\n");

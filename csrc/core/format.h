@@ -22,9 +22,11 @@ int fi_format_value(fi_buf *b, PyObject *value, int indent, fi_call *call);
 PyObject *fi_format_text_of(PyObject *obj, int use_repr);
 
 /* A tensor's metadata and requires_grad, as a log record describes it, and its data
- * pointer when with_data is set (for statistics). -1 with an exception set when obj is
- * not a usable tensor. */
-int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, int with_data);
+ * pointer when with_data is set (for statistics), from what the call read of it already
+ * (seen, tensor.h; NULL: read now). -1 with an exception set when obj is not a usable
+ * tensor. */
+int fi_format_tensor_meta(PyObject *tensor, fi_tensor *t, int *requires_grad, int with_data,
+                          fi_tensor_seen *seen);
 
 /* Borrowed enum.Enum type (cached by fi_format_exec). */
 PyObject *fi_enum_type(void);

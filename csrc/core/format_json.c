@@ -183,7 +183,7 @@ static int put_tensor(fi_buf *b, PyObject *tensor, fi_call *call)
 {
     fi_tensor t;
     int requires_grad;
-    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5) < 0)
+    if (fi_format_tensor_meta(tensor, &t, &requires_grad, call->level >= 5, &call->seen) < 0)
         return -1;
     fi_buf_puts(b, "{\"type\": \"torch.Tensor\", \"shape\": ");
     put_int_array(b, t.shape, t.ndim);

@@ -205,7 +205,12 @@ static int apply_neg_bit(PyObject *tensor, fi_stats *out)
 /* tensor._version, or -1 (no exception) when it cannot be read. */
 static long long version_of(PyObject *tensor)
 {
-    PyObject *v = PyObject_GetAttrString(tensor, "_version");
+    static PyObject *name; /* interned once, kept for the process */
+    if (!name && !(name = PyUnicode_InternFromString("_version"))) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *v = PyObject_GetAttr(tensor, name);
     long long r = v ? PyLong_AsLongLong(v) : -1;
     Py_XDECREF(v);
     if (r == -1)
@@ -218,13 +223,14 @@ void fi_stats_memo_init(fi_stats_memo *memo)
     memo->count = 0;
     memo->keep_taken = 0;
     memo->paged = NULL;
+    memo->seen = NULL;
 }
 
 void fi_stats_memo_put(void *ctx, PyObject *tensor, const fi_stats *stats)
 {
     fi_stats_memo *memo = ctx;
     fi_tensor t;
-    if (memo->count == FI_STATS_MEMO_MAX || fi_tensor_from_py(tensor, &t) < 0) {
+    if (memo->count == FI_STATS_MEMO_MAX || fi_tensor_seen_get(memo->seen, tensor, &t, 1) < 0) {
         PyErr_Clear();
         return;
     }
@@ -460,16 +466,23 @@ int fi_stats_of_tensor(PyObject *tensor, fi_stats_memo *memo, fi_stats *out)
                      Py_TYPE(tensor)->tp_name);
         return -1;
     }
+    fi_tensor_seen *seen = memo ? memo->seen : NULL;
+    fi_tensor t;
+    fi_dtype dtype;
+    if (seen && fi_tensor_seen_get(seen, tensor, &t, 0) == 0) {
+        dtype = t.dtype;
+    } else {
+        PyErr_Clear(); /* unreadable metadata: the dtype alone decides, as below */
+        PyObject *dt = PyObject_GetAttr(tensor, fi_names.dtype);
+        if (!dt)
+            return -1;
+        dtype = fi_dtype_from_py(dt);
+        Py_DECREF(dt);
+    }
     /* dtypes without statistics never touch data_ptr (sparse or quantized tensors) */
-    PyObject *dt = PyObject_GetAttr(tensor, fi_names.dtype);
-    if (!dt)
-        return -1;
-    fi_dtype dtype = fi_dtype_from_py(dt);
-    Py_DECREF(dt);
     if (!fi_dtype_has_stats(dtype))
         return 0;
-    fi_tensor t;
-    if (fi_tensor_from_py(tensor, &t) < 0)
+    if (fi_tensor_seen_get(seen, tensor, &t, 1) < 0)
         return -1;
     int r = stats_of_known(tensor, &t, memo, out);
     out->dtype = dtype;

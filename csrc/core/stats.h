@@ -9,6 +9,7 @@
 #include "flashinfer_kernels.h"
 #include "pages.h"
 #include "strbuf.h"
+#include "tensor.h"
 
 /* Statistics already taken of one call's tensors, so that a second reader of the same
  * tensor does not read its memory again: the level-10 dump takes the inputs' statistics
@@ -29,6 +30,7 @@ typedef struct {
     /* the call's paged tensors (NULL: none): statistics of one are of the pages the call
      * reads (docs/flight-recorder.md#page-aware-capture), and its text says so */
     const fi_paged *paged;
+    fi_tensor_seen *seen; /* the call's tensor metadata, read once (tensor.h), or NULL */
 } fi_stats_memo;
 
 void fi_stats_memo_init(fi_stats_memo *memo);

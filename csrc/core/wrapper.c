@@ -450,6 +450,7 @@ static PyObject *wrapper_invoke(fi_wrapper *w, PyObject *const *args, size_t nar
 
     double started = dump ? fi_call_clock() : 0;
     PyObject *result = PyObject_Vectorcall(w->func, args, nargsf, kwnames);
+    fi_call_returned(&call);
     if (dump)
         call.took_us = (fi_call_clock() - started) * 1e6;
 

@@ -523,7 +523,7 @@ int fi_compact_capture_dict(fi_chunk_store *store, PyObject *dict, const fi_save
     size_t n;
     *out = NULL;
     *count = 0;
-    if (fi_tensors_collect(dict, &ts, &n, opts->keep, opts->keep_ctx, opts->device) < 0)
+    if (fi_tensors_collect(dict, &ts, &n, opts->keep, opts->keep_ctx, opts->device, opts->seen) < 0)
         return -1;
     fi_compact_tensor *ct = calloc(n ? n : 1, sizeof(*ct));
     fi_stats *stats = calloc(n ? n : 1, sizeof(*stats));
@@ -1139,8 +1139,13 @@ static PyObject *writer_save(writer_object *self, PyObject *args, PyObject *kwar
     }
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {
-        stats == Py_None ? NULL : stats_into_dict, stats, fi_keep_map_find, &m, threads, NULL};
+    fi_save_opts opts = {stats == Py_None ? NULL : stats_into_dict,
+                         stats,
+                         fi_keep_map_find,
+                         &m,
+                         threads,
+                         NULL,
+                         NULL};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_compact_save(self->w, PyBytes_AS_STRING(path), dict, &opts);
     fi_keep_map_free(&m);

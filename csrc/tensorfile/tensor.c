@@ -234,6 +234,101 @@ int fi_tensor_from_py(PyObject *obj, fi_tensor *out)
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* ---- the tensors one call read (fi_tensor_seen) ---- */
+
+void fi_tensor_seen_clear(fi_tensor_seen *seen)
+{
+    while (seen->count > 0) {
+        seen->count--; /* first: a finalizer that runs on the decref finds the entry gone */
+        Py_CLEAR(seen->entry[seen->count].obj);
+    }
+}
+
+/* The index of obj's entry in seen, made (its metadata read) when obj has none and there is
+ * room; -1 (no exception) when there is none, -2 with an exception when reading failed. */
+static int seen_index(fi_tensor_seen *seen, PyObject *obj, int with_data)
+{
+    if (!seen)
+        return -1;
+    for (int i = 0; i < seen->count; i++)
+        if (seen->entry[i].obj == obj)
+            return i;
+    if (seen->count == FI_TENSOR_SEEN_MAX)
+        return -1;
+    int i = seen->count;
+    fi_tensor *t = &seen->entry[i].t;
+    if ((with_data ? fi_tensor_from_py(obj, t) : fi_tensor_meta_from_py(obj, t)) < 0)
+        return -2;
+    seen->entry[i].obj = Py_NewRef(obj);
+    seen->entry[i].has_data = (signed char)with_data;
+    seen->entry[i].requires_grad = -1;
+    seen->entry[i].plain = -1;
+    seen->count++;
+    return i;
+}
+
+int fi_tensor_seen_get(fi_tensor_seen *seen, PyObject *obj, fi_tensor *out, int with_data)
+{
+    int i = seen_index(seen, obj, with_data);
+    if (i == -2)
+        return -1;
+    if (i < 0)
+        return with_data ? fi_tensor_from_py(obj, out) : fi_tensor_meta_from_py(obj, out);
+    if (with_data && !seen->entry[i].has_data) {
+        PyObject *ptr = PyObject_CallMethodNoArgs(obj, fi_names.data_ptr);
+        if (!ptr)
+            return -1;
+        seen->entry[i].t.data = PyLong_AsVoidPtr(ptr);
+        Py_DECREF(ptr);
+        if (PyErr_Occurred())
+            return -1;
+        seen->entry[i].has_data = 1;
+    }
+    *out = seen->entry[i].t;
+    if (!with_data)
+        out->data = NULL;
+    return 0;
+}
+
+/* Whether getattr(obj, name) (call: obj.name()) is true: 1, 0, or -1 with an exception. */
+static int truth_of(PyObject *obj, PyObject *name, int call)
+{
+    PyObject *v = call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+    if (!v)
+        return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+int fi_tensor_seen_requires_grad(fi_tensor_seen *seen, PyObject *obj)
+{
+    int i = seen_index(seen, obj, 0);
+    if (i == -2)
+        return -1;
+    if (i >= 0 && seen->entry[i].requires_grad >= 0)
+        return seen->entry[i].requires_grad;
+    int r = truth_of(obj, fi_names.requires_grad, 0);
+    if (i >= 0 && r >= 0)
+        seen->entry[i].requires_grad = (signed char)r;
+    return r;
+}
+
+int fi_tensor_seen_plain(fi_tensor_seen *seen, PyObject *obj)
+{
+    int i = seen_index(seen, obj, 0);
+    if (i == -2)
+        return -1;
+    if (i >= 0 && seen->entry[i].plain >= 0)
+        return seen->entry[i].plain;
+    int conj = truth_of(obj, fi_names.is_conj, 1);
+    int neg = conj == 0 ? truth_of(obj, fi_names.is_neg, 1) : conj;
+    int r = conj < 0 || neg < 0 ? -1 : !conj && !neg;
+    if (i >= 0 && r >= 0)
+        seen->entry[i].plain = (signed char)r;
+    return r;
+}
+
 /* Appends str(getattr(tensor, name)). */
 static int put_attr_str(fi_buf *b, PyObject *tensor, PyObject *name)
 {

@@ -36,6 +36,37 @@ int fi_tensor_from_py(PyObject *obj, fi_tensor *out);
  * tensor needs, one method call fewer. */
 int fi_tensor_meta_from_py(PyObject *obj, fi_tensor *out);
 
+/* The metadata of the tensors one call reads, each read from Python once: the recorder's
+ * encoding, its copy, the statistics memo and the log text all ask for it
+ * (docs/benchmarks.md#the-ring).
+ * An entry holds a reference to its tensor, so the address cannot be reused meanwhile; it
+ * stands for the tensor as it was when first read, so the caller empties it whenever code
+ * that may change a tensor ran (the wrapped function). Guarded by the GIL. */
+#define FI_TENSOR_SEEN_MAX 32
+typedef struct {
+    struct {
+        PyObject *obj; /* owned */
+        fi_tensor t;   /* t.data is read when first asked for (has_data) */
+        signed char has_data;
+        signed char requires_grad; /* -1: not read yet */
+        signed char plain;         /* -1: not read yet; 1: neither the conj nor the neg bit */
+    } entry[FI_TENSOR_SEEN_MAX];
+    int count;
+} fi_tensor_seen;
+
+static inline void fi_tensor_seen_init(fi_tensor_seen *seen) { seen->count = 0; }
+/* Drops every entry (their tensor references). */
+void fi_tensor_seen_clear(fi_tensor_seen *seen);
+
+/* fi_tensor_from_py (with_data) or fi_tensor_meta_from_py of obj, answered from seen when it
+ * read obj already (seen NULL, or full: read every time). -1 with an exception set. */
+int fi_tensor_seen_get(fi_tensor_seen *seen, PyObject *obj, fi_tensor *out, int with_data);
+/* tensor.requires_grad: 1, 0, or -1 with an exception set (seen as above). */
+int fi_tensor_seen_requires_grad(fi_tensor_seen *seen, PyObject *obj);
+/* 1 when tensor has neither the conj nor the neg bit set (tensor.is_conj(), is_neg()), 0
+ * when it has one, -1 with an exception set (seen as above). */
+int fi_tensor_seen_plain(fi_tensor_seen *seen, PyObject *obj);
+
 /* Appends str(tensor.dtype) ("torch.float32") / str(tensor.device) ("cpu", "cuda:0")
  * from t, asking Python only for kinds we cannot name. -1 with an exception set. */
 int fi_tensor_put_dtype(fi_buf *b, PyObject *tensor, const fi_tensor *t);

@@ -30,19 +30,20 @@ void fi_tensors_release(fi_saved_tensor *ts, size_t n)
 }
 
 /* Host tensor with conjugate/negative bits resolved (raw memory must hold the values); a
- * CUDA tensor device takes stays where it is, unless a bit is set. */
-static PyObject *host_tensor(PyObject *value, PyObject *key, const fi_chunk_device *device)
+ * CUDA tensor device takes stays where it is, unless a bit is set. Its metadata comes from
+ * seen (NULL: read from Python). */
+static PyObject *host_tensor(PyObject *value, PyObject *key, const fi_chunk_device *device,
+                             fi_tensor_seen *seen)
 {
     if (!fi_is_tensor(value)) {
         PyErr_Format(PyExc_TypeError, "tensors[%R] is not a torch.Tensor (got %.200s)", key,
                      Py_TYPE(value)->tp_name);
         return NULL;
     }
-    PyObject *is_cuda = PyObject_GetAttr(value, fi_names.is_cuda);
-    if (!is_cuda)
+    fi_tensor meta;
+    if (fi_tensor_seen_get(seen, value, &meta, 0) < 0)
         return NULL;
-    int cuda = PyObject_IsTrue(is_cuda);
-    Py_DECREF(is_cuda);
+    int cuda = meta.device_type == FI_DEVICE_CUDA;
     int stays = cuda && device && device->takes(device, FI_DEVICE_CUDA);
     PyObject *t =
         cuda && !stays ? PyObject_CallMethodNoArgs(value, fi_names.cpu) : Py_NewRef(value);
@@ -50,6 +51,12 @@ static PyObject *host_tensor(PyObject *value, PyObject *key, const fi_chunk_devi
         return NULL;
     /* is_conj()/is_neg() read a flag; resolve_*() goes through torch's dispatcher, so it
      * runs only for the rare view that has the bit set */
+    int plain = fi_tensor_seen_plain(t == value ? seen : NULL, t); /* a copy is no one's */
+    if (plain != 0) {
+        if (plain < 0)
+            Py_CLEAR(t);
+        return t;
+    }
     PyObject *const bit[2] = {fi_names.is_conj, fi_names.is_neg};
     PyObject *const resolve[2] = {fi_names.resolve_conj, fi_names.resolve_neg};
     for (int k = 0; k < 2; k++) {
@@ -75,7 +82,7 @@ static PyObject *host_tensor(PyObject *value, PyObject *key, const fi_chunk_devi
 }
 
 static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const fi_span_keep *keep,
-                       const fi_chunk_device *device)
+                       const fi_chunk_device *device, fi_tensor_seen *seen)
 {
     if (!PyUnicode_Check(key)) {
         PyErr_Format(PyExc_TypeError, "tensor dict keys must be str, got %.200s",
@@ -91,8 +98,8 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const
     s->keep = keep;
     /* a device tensor whose kept parts come packed is not copied: only its metadata is read */
     int packed = keep && keep->packed && fi_is_tensor(value);
-    if (!(s->obj = packed ? Py_NewRef(value) : host_tensor(value, key, device)) ||
-        fi_tensor_from_py(s->obj, &s->t) < 0)
+    if (!(s->obj = packed ? Py_NewRef(value) : host_tensor(value, key, device, seen)) ||
+        fi_tensor_seen_get(s->obj == value ? seen : NULL, s->obj, &s->t, 1) < 0)
         return -1;
     if (s->t.device_type != FI_DEVICE_CPU && !packed &&
         !(device && device->takes(device, s->t.device_type))) {
@@ -107,11 +114,9 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const
         Py_XDECREF(dt);
         return -1;
     }
-    PyObject *rg = PyObject_GetAttr(s->obj, fi_names.requires_grad);
-    if (!rg)
+    if ((s->requires_grad = fi_tensor_seen_requires_grad(s->obj == value ? seen : NULL, s->obj)) <
+        0)
         return -1;
-    s->requires_grad = PyObject_IsTrue(rg);
-    Py_DECREF(rg);
     s->itemsize = fi_dtype_size(s->t.dtype);
     uint64_t span;
     if (fi_view_bytes("tensors", key, s->t.dtype, s->t.ndim, s->t.shape, s->t.stride, &s->nbytes,
@@ -122,7 +127,7 @@ static int collect_one(PyObject *key, PyObject *value, fi_saved_tensor *s, const
 }
 
 int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
-                       void *ctx, const fi_chunk_device *device)
+                       void *ctx, const fi_chunk_device *device, fi_tensor_seen *seen)
 {
     Py_ssize_t n = PyDict_GET_SIZE(dict);
     fi_saved_tensor *ts = PyMem_Calloc(n ? (size_t)n : 1, sizeof(*ts));
@@ -135,7 +140,7 @@ int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_
     while (i < n && PyDict_Next(dict, &pos, &key, &value)) {
         Py_INCREF(key);
         Py_INCREF(value);
-        int r = collect_one(key, value, &ts[i++], keep ? keep(ctx, value) : NULL, device);
+        int r = collect_one(key, value, &ts[i++], keep ? keep(ctx, value) : NULL, device, seen);
         Py_DECREF(key);
         Py_DECREF(value);
         if (r < 0) {
@@ -201,7 +206,7 @@ static void ask_for_stats(PyObject *dict, fi_saved_tensor *ts, size_t n, fi_stat
 
 /* Collects dict's tensors and builds the format's header (the pickle for .pt). */
 static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, fi_buf *header,
-                   fi_keep_fn keep, void *ctx)
+                   fi_keep_fn keep, void *ctx, fi_tensor_seen *seen)
 {
     if (!PyDict_Check(dict)) {
         PyErr_Format(PyExc_TypeError, "tensors must be a dict {str: Tensor}, got %.200s",
@@ -212,7 +217,7 @@ static int prepare(PyObject *dict, int format, fi_saved_tensor **ts, size_t *n, 
         PyErr_Format(PyExc_ValueError, "format %d is not FI_FORMAT_TORCH or _SAFETENSORS", format);
         return -1;
     }
-    if (fi_tensors_collect(dict, ts, n, keep, ctx, NULL) < 0)
+    if (fi_tensors_collect(dict, ts, n, keep, ctx, NULL, seen) < 0)
         return -1;
     fi_buf_init(header);
     int r = format == FI_FORMAT_SAFETENSORS ? fi_safetensors_header(header, *ts, *n)
@@ -235,7 +240,7 @@ Py_ssize_t fi_save_tensor_dict(const char *path, PyObject *dict, int format)
 Py_ssize_t fi_save_tensor_dict_stats(const char *path, PyObject *dict, int format,
                                      fi_stats_sink sink, void *ctx)
 {
-    fi_save_opts opts = {sink, ctx, NULL, NULL, 0, NULL};
+    fi_save_opts opts = {sink, ctx, NULL, NULL, 0, NULL, NULL};
     return fi_save_tensor_dict_opts(path, dict, format, &opts);
 }
 
@@ -246,7 +251,7 @@ Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format
     size_t n;
     fi_buf header;
     fi_stats_sink sink = opts->sink;
-    if (prepare(dict, format, &ts, &n, &header, opts->keep, opts->keep_ctx) < 0)
+    if (prepare(dict, format, &ts, &n, &header, opts->keep, opts->keep_ctx, opts->seen) < 0)
         return -1;
     fi_stats *stats = sink ? PyMem_Calloc(n ? n : 1, sizeof(*stats)) : NULL;
     if (stats)
@@ -285,7 +290,7 @@ Py_ssize_t fi_image_tensor_dict(PyObject *dict, int format, fi_image *img)
     fi_saved_tensor *ts;
     size_t n;
     fi_buf header;
-    if (prepare(dict, format, &ts, &n, &header, NULL, NULL) < 0)
+    if (prepare(dict, format, &ts, &n, &header, NULL, NULL, NULL) < 0)
         return -1;
     size_t bound = image_bound(ts, n, header.len);
     if (img->cap < bound) { /* a fresh buffer: the old contents are not needed */
@@ -518,7 +523,7 @@ static PyObject *save_tensors(PyObject *module, PyObject *args, PyObject *kwargs
     }
     fi_keep_map m;
     Py_ssize_t n = -1;
-    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, 0, NULL};
+    fi_save_opts opts = {NULL, NULL, fi_keep_map_find, &m, 0, NULL, NULL};
     if (fi_keep_map_parse(keep, dict, &m) == 0)
         n = fi_save_tensor_dict_opts(PyBytes_AS_STRING(path), dict, f, &opts);
     fi_keep_map_free(&m);

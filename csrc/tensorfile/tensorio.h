@@ -7,6 +7,7 @@
 #include <Python.h>
 
 #include "flashinfer_kernels.h"
+#include "tensor.h"
 #include "tensorbytes.h"
 
 enum { FI_FORMAT_TORCH = 0, FI_FORMAT_SAFETENSORS = 1 };
@@ -59,16 +60,17 @@ typedef struct {
     void *keep_ctx;
     int threads; /* the compact layout's hashing and statistics may use this many (0: 1) */
     fi_chunk_device *device; /* the compact layout's device path, or NULL */
+    fi_tensor_seen *seen;    /* the metadata the call read already (tensor.h), or NULL */
 } fi_save_opts;
 
 Py_ssize_t fi_save_tensor_dict_opts(const char *path, PyObject *dict, int format,
                                     const fi_save_opts *opts);
 
 /* dict's tensors collected for a writer (CUDA ones copied to the host unless their kept
- * parts come packed or device takes them), each with its keep; release them with
- * fi_tensors_release. */
+ * parts come packed or device takes them), each with its keep, their metadata from seen
+ * (NULL: read from Python); release them with fi_tensors_release. */
 int fi_tensors_collect(PyObject *dict, fi_saved_tensor **out, size_t *count, fi_keep_fn keep,
-                       void *ctx, const fi_chunk_device *device);
+                       void *ctx, const fi_chunk_device *device, fi_tensor_seen *seen);
 void fi_tensors_release(fi_saved_tensor *ts, size_t n);
 
 /* keep= of save_tensors and CompactWriter.save: {key: [(start, end), ...] or (ranges,
