@@ -10,6 +10,8 @@ its own child process, one per mode:
 and, as references, one memcpy of the recorded bytes into warm buffers (Tensor.copy_)
 and the raw write(2) of them to a new file. Costs are per call, best of --repeats (after
 warm-up calls that fill the ring), with the median to show the spread.
+FLASHINFER_CPU_ISA in the environment (portable or avx2, docs/logging.md) is passed on to
+the children; every other FLASHINFER_ variable is theirs to set.
 """
 
 import argparse
@@ -79,7 +81,8 @@ MODES = {
 
 
 def run(env_extra, what, args, scratch):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_")}
+    keep = ("FLASHINFER_CPU_ISA",)  # the kernels' ISA, passed on (see the docstring)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_") or k in keep}
     env.update(
         FLASHINFER_LOGDEST=os.devnull,
         FLASHINFER_DUMP_DIR=tempfile.mkdtemp(dir=scratch),

@@ -12,6 +12,7 @@ import textwrap
 import time
 import zipfile
 
+import pytest
 import torch
 
 from flashinfer_native import dumpdir
@@ -502,3 +503,33 @@ def test_host_staging_passes_cpu_tensors_through_uncopied():
     x = torch.ones(3)
     host = staging.to_host({"x": x})
     assert host["x"] is x
+
+
+CONJ_VIEWS = """
+z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
+h.checksum(z.conj())  # the conj bit, on a complex view
+h.checksum(z.conj().imag)  # the neg bit, on a float32 view
+"""
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"FLASHINFER_DUMP_RING": 4, "FLASHINFER_DUMP_ON": "exit"},
+        {
+            "FLASHINFER_DUMP_RING": 4,
+            "FLASHINFER_DUMP_ON": "exit",
+            "FLASHINFER_DUMP_LAYOUT": "flashinfer",
+        },
+        {},
+    ],
+    ids=["memory ring", "memory ring, flashinfer layout", "plain level 10"],
+)
+def test_conj_and_neg_views_are_recorded_by_value(tmp_path, env):
+    # the recorder reads each tensor's bits once per call (fi_tensor_seen): a view with the
+    # conj or the neg bit is still written as the values it stands for
+    run_child(tmp_path, CONJ_VIEWS, **env)
+    (conj, _), (neg, _) = dumpdir.ordered_dumps(tmp_path / "dumps")
+    z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
+    assert torch.equal(load(conj, "inputs")["arg_0"], z.conj().resolve_conj())
+    assert torch.equal(load(neg, "inputs")["arg_0"], torch.tensor([-2.0, 4.0]))

@@ -13,6 +13,7 @@
 #include "compact.h"
 #include "dump_encode.h"
 #include "dump_format.h"
+#include "dump_record.h"
 #include "fork_watch.h"
 #include "graph_capture.h"
 #include "record_mode.h"
@@ -151,8 +152,6 @@ static void timestamp_now(char *out, size_t n)
 
 #define MB (1024.0 * 1024.0)
 
-static PyObject *size_mb(long long bytes) { return PyFloat_FromDouble((double)bytes / MB); }
-
 /* torch.cuda.is_current_stream_capturing(), only asked when a CUDA tensor is involved. */
 static int graph_capturing(const fi_dump_tensors *ts)
 {
@@ -170,52 +169,85 @@ static int graph_capturing(const fi_dump_tensors *ts)
 /* Keys that static_meta["record_extras"] (a Python callable returning a dict or None)
  * adds to a call's records, e.g. the torch.distributed rank. Asked at every dumped call,
  * so a process group created after the first call still shows; a failure only loses
- * the extra keys. */
-static void add_record_extras(fi_recorder *recorder, PyObject *rec)
+ * the extra keys (a key that is not a str is left out). */
+static void add_record_extras(fi_recorder *recorder, fi_record *rec)
 {
     PyObject *fn = PyDict_GetItemString(recorder->static_meta, "record_extras");
     if (!fn || fn == Py_None)
         return;
     PyObject *extra = PyObject_CallObject(fn, NULL);
-    if (extra && PyDict_Check(extra))
-        PyDict_Update(rec, extra);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (extra && PyDict_Check(extra) && PyDict_Next(extra, &pos, &key, &value)) {
+        const char *k = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+        if (k && fi_record_set_py(rec, k, value) < 0)
+            break;
+    }
     Py_XDECREF(extra);
     PyErr_Clear();
 }
 
-static PyObject *build_record(fi_recorder *recorder, const fi_dump_api *api, PyObject *name,
-                              const char *stamp, long long call_seq, const char *dir,
-                              fi_dump_tensors *ts, PyObject *input_meta, int capturing)
+/* tensor_info's members as line 1 has them. */
+static int put_tensor_info(fi_record *info, const fi_dump_tensors *ts)
+{
+    fi_buf *b = fi_record_begin(info, "input_tensor_keys", 17);
+    if (!b)
+        return -1;
+    fi_buf_putc(b, '[');
+    fi_buf_append(b, ts->keys.data, ts->keys.len);
+    fi_buf_putc(b, ']');
+    if (fi_record_end(info) < 0 || fi_record_set_raw(info, "output_tensor_keys", "[]") < 0)
+        return -1;
+    return fi_record_set_int(info, "input_size_bytes", ts->bytes) < 0 ||
+                   fi_record_set_double(info, "input_size_mb", (double)ts->bytes / MB) < 0
+               ? -1
+               : 0;
+}
+
+/* The call's line-1 record (docs/dump-format.md#record-fields), built in rec from the encoded
+ * inputs (their input_metadata members in input_meta, moved into it). */
+static int build_record(fi_recorder *recorder, fi_record *rec, const fi_dump_api *api,
+                        const char *stamp, long long call_seq, const char *dir, fi_dump_tensors *ts,
+                        fi_record *input_meta, int capturing)
 {
     PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
-    if (!module) {
+    if (!module)
         PyErr_Clear();
-        module = Py_None;
-        Py_INCREF(module);
-    }
     PyObject *versions = PyDict_GetItemString(recorder->static_meta, "versions");
-    PyObject *rec = Py_BuildValue(
-        "{s:O,s:N,s:L,s:s,s:l,s:O,s:N,s:{s:O,s:N,s:L,s:N},s:O,s:s,s:O,s:O,s:s,s:O,s:s,s:L}",
-        "function_name", name, "module", module, "call_sequence", call_seq, "timestamp", stamp,
-        "process_id", (long)getpid(), "input_metadata", input_meta, "output_metadata", PyDict_New(),
-        "tensor_info", "input_tensor_keys", ts->keys, "output_tensor_keys", PyList_New(0),
-        "input_size_bytes", ts->bytes, "input_size_mb", size_mb(ts->bytes), "tensor_details",
-        ts->details, "tensor_format",
-        recorder->compact && !capturing ? FI_DUMP_FORMAT_CHUNKS
-        : recorder->cfg->safetensors    ? FI_DUMP_FORMAT_SAFETENSORS
-                                        : FI_DUMP_FORMAT_TORCH,
-        "function_signature", api->signature_text ? api->signature_text : Py_None, "versions",
-        versions ? versions : Py_None, "execution_status",
-        capturing ? "graph_capture_pending_flush" : "inputs_saved", "graph_capture",
-        capturing ? Py_True : Py_False, "dump_dir", dir, "sequence", recorder->sequence);
-    if (rec && api->self) {
-        PyObject *id = PyLong_FromVoidPtr(api->self);
-        if (fi_dump_dict_set(rec, "self_id", id) < 0)
-            Py_CLEAR(rec);
+    int r = fi_record_set_str(rec, "function_name", api->api_name);
+    if (r == 0)
+        r = fi_record_set_py(rec, "module", module ? module : Py_None);
+    Py_XDECREF(module);
+    fi_record *info;
+    if (r < 0 || fi_record_set_int(rec, "call_sequence", call_seq) < 0 ||
+        fi_record_set_str(rec, "timestamp", stamp) < 0 ||
+        fi_record_set_int(rec, "process_id", (long long)getpid()) < 0 ||
+        fi_record_take(rec, "input_metadata", input_meta) < 0 ||
+        !fi_record_child(rec, "output_metadata") || !(info = fi_record_child(rec, "tensor_info")) ||
+        put_tensor_info(info, ts) < 0 || fi_record_take(rec, "tensor_details", &ts->details) < 0 ||
+        fi_record_set_str(rec, "tensor_format",
+                          recorder->compact && !capturing ? FI_DUMP_FORMAT_CHUNKS
+                          : recorder->cfg->safetensors    ? FI_DUMP_FORMAT_SAFETENSORS
+                                                          : FI_DUMP_FORMAT_TORCH) < 0 ||
+        fi_record_set_py(rec, "function_signature",
+                         api->signature_text ? api->signature_text : Py_None) < 0 ||
+        fi_record_set_py(rec, "versions", versions ? versions : Py_None) < 0 ||
+        fi_record_set_str(rec, "execution_status",
+                          capturing ? "graph_capture_pending_flush" : "inputs_saved") < 0 ||
+        fi_record_set_bool(rec, "graph_capture", capturing) < 0 ||
+        fi_record_set_str(rec, "dump_dir", dir) < 0 ||
+        fi_record_set_int(rec, "sequence", recorder->sequence) < 0)
+        return -1;
+    if (api->self) {
+        fi_buf *b = fi_record_begin(rec, "self_id", 7);
+        if (!b)
+            return -1;
+        fi_buf_put_u64(b, (unsigned long long)(uintptr_t)api->self);
+        if (fi_record_end(rec) < 0)
+            return -1;
     }
-    if (rec)
-        add_record_extras(recorder, rec);
-    return rec;
+    add_record_extras(recorder, rec);
+    return 0;
 }
 
 /* ------------------------------------------------------------ the call's life */
@@ -224,7 +256,7 @@ static void call_free(fi_dump_call *call)
 {
     Py_XDECREF(call->owner);
     Py_XDECREF(call->name);
-    Py_XDECREF(call->record);
+    fi_record_free(&call->record);
     Py_XDECREF(call->graph_capsule);
     if (call->meta_fd >= 0)
         close(call->meta_fd);
@@ -241,10 +273,11 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
 {
     fi_recorder *rec = call->rec;
     const fi_record_mode *mode = rec->mode;
-    PyObject *input_meta = PyDict_New();
+    fi_record input_meta;
+    fi_record_init(&input_meta);
     int r = -1, placed = 0;
-    if (!input_meta || fi_dump_encode_inputs(ts, input_meta, args, nargs, kwnames, api->scratch,
-                                             api->args, !rec->cfg->safetensors) < 0)
+    if (fi_dump_encode_inputs(ts, &input_meta, args, nargs, kwnames, api->scratch, api->args,
+                              !rec->cfg->safetensors) < 0)
         goto done;
     if ((r = mode->admits(call, ts->bytes)) <= 0) {
         r = r < 0 ? -1 : 1;
@@ -273,17 +306,16 @@ static int record_inputs(fi_dump_call *call, const fi_dump_api *api, fi_dump_ten
     rec->dump_count++;
     rec->dump_bytes += written;
     call->input_bytes = ts->bytes;
-    call->record =
-        build_record(rec, api, call->name, stamp, call_seq, call->dir, ts, input_meta, capturing);
-    if (!call->record || mode->write_record(call) < 0 ||
-        (capturing && fi_graph_hold(call, ts->tensors) < 0))
+    if (build_record(rec, &call->record, api, stamp, call_seq, call->dir, ts, &input_meta,
+                     capturing) < 0 ||
+        mode->write_record(call) < 0 || (capturing && fi_graph_hold(call, ts->tensors) < 0))
         goto done;
     mode->inputs_done(call, ts->bytes, capturing);
     r = 0;
 done:
     if (r < 0 && placed)
         mode->abandon(call);
-    Py_XDECREF(input_meta);
+    fi_record_free(&input_meta);
     return r;
 }
 
@@ -295,6 +327,7 @@ fi_dump_call *fi_dump_begin(fi_recorder *rec, fi_call *ctx, const fi_dump_api *a
     fi_dump_call *call = calloc(1, sizeof(*call));
     if (call) {
         call->meta_fd = -1;
+        fi_record_init(&call->record);
         fi_ring_files_init(&call->own);
     }
     fi_dump_tensors ts = {0};
@@ -327,36 +360,49 @@ done:
     return call;
 }
 
+/* The outputs' tensor_details entries and key list, added to the record's. */
+static int put_output_tensors(fi_record *info, fi_record *details, const fi_dump_tensors *ts)
+{
+    if (fi_record_update(details, &ts->details) < 0)
+        return -1;
+    fi_buf *b = fi_record_begin(info, "output_tensor_keys", 18);
+    if (!b)
+        return -1;
+    fi_buf_putc(b, '[');
+    fi_buf_append(b, ts->keys.data, ts->keys.len);
+    fi_buf_putc(b, ']');
+    return fi_record_end(info);
+}
+
 /* Line 2 of a call that returned: its outputs encoded and written (or held, for a call
  * captured into a CUDA graph). */
 static int finish_completed(fi_dump_call *call, PyObject *result)
 {
     fi_recorder *rec = call->rec;
-    PyObject *rec_dict = call->record;
+    fi_record *record = &call->record;
     fi_dump_tensors ts;
     int r = -1;
     if (fi_dump_tensors_init(&ts, &call->ctx->seen) < 0)
         goto done;
-    PyObject *out_meta = PyDict_GetItemString(rec_dict, "output_metadata");
-    PyObject *info = PyDict_GetItemString(rec_dict, "tensor_info");
-    PyObject *details = PyDict_GetItemString(rec_dict, "tensor_details");
-    if (!out_meta || !info || !details || fi_dump_encode_outputs(&ts, out_meta, result) < 0)
+    fi_record *out_meta = fi_record_child(record, "output_metadata");
+    fi_record *info = out_meta ? fi_record_child(record, "tensor_info") : NULL;
+    fi_record *details = info ? fi_record_child(record, "tensor_details") : NULL;
+    if (!details || fi_dump_encode_outputs(&ts, out_meta, result) < 0)
         goto done;
     long long out_bytes = 0;
     const char *status = "completed";
     const char *refused;
     if (call->graph) { /* captured: the flushes write the output tensors */
         fi_graph_hold_outputs(call, ts.tensors);
-        if (PyDict_Update(details, ts.details) < 0 ||
-            fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
+        if (put_output_tensors(info, details, &ts) < 0)
             goto done;
         out_bytes = ts.bytes;
         status = "graph_capture_pending_flush";
-    } else if (PyList_GET_SIZE(ts.keys) > 0) {
+    } else if (ts.nkeys > 0) {
         if (rec->mode->inspect)
             rec->mode->inspect(call, &ts, 0);
         if ((refused = rec->mode->outputs_refused(call, ts.bytes))) {
-            if (fi_dump_dict_set(rec_dict, "outputs_skipped", PyUnicode_FromString(refused)) < 0)
+            if (fi_record_set_str(record, "outputs_skipped", refused) < 0)
                 goto done;
         } else {
             Py_ssize_t written = rec->mode->save(call, FI_DUMP_OUTPUTS, &ts);
@@ -369,24 +415,25 @@ static int finish_completed(fi_dump_call *call, PyObject *result)
                 PyObject *why = msg ? PyUnicode_FromFormat("write error: %U", msg)
                                     : PyUnicode_FromString("write error");
                 Py_XDECREF(msg);
-                if (fi_dump_dict_set(rec_dict, "outputs_skipped", why) < 0)
+                int bad = !why || fi_record_set_py(record, "outputs_skipped", why) < 0;
+                Py_XDECREF(why);
+                if (bad)
                     goto done;
             } else {
                 rec->dump_bytes += written;
                 out_bytes = ts.bytes;
-                if (PyDict_Update(details, ts.details) < 0 ||
-                    fi_dump_dict_set(info, "output_tensor_keys", Py_NewRef(ts.keys)) < 0)
+                if (put_output_tensors(info, details, &ts) < 0)
                     goto done;
             }
         }
     }
     call->output_bytes = out_bytes;
     long long total = call->input_bytes + out_bytes;
-    if (fi_dump_dict_set(info, "output_size_bytes", PyLong_FromLongLong(out_bytes)) < 0 ||
-        fi_dump_dict_set(info, "output_size_mb", size_mb(out_bytes)) < 0 ||
-        fi_dump_dict_set(info, "total_size_bytes", PyLong_FromLongLong(total)) < 0 ||
-        fi_dump_dict_set(info, "total_size_mb", size_mb(total)) < 0 ||
-        fi_dump_dict_set(rec_dict, "execution_status", PyUnicode_FromString(status)) < 0)
+    if (fi_record_set_int(info, "output_size_bytes", out_bytes) < 0 ||
+        fi_record_set_double(info, "output_size_mb", (double)out_bytes / MB) < 0 ||
+        fi_record_set_int(info, "total_size_bytes", total) < 0 ||
+        fi_record_set_double(info, "total_size_mb", (double)total / MB) < 0 ||
+        fi_record_set_str(record, "execution_status", status) < 0)
         goto done;
     r = 0;
 done:
@@ -398,16 +445,13 @@ done:
 static int finish_exception(fi_dump_call *call, PyObject *ev)
 {
     PyObject *type_name = PyObject_GetAttr((PyObject *)Py_TYPE(ev), fi_names.name);
-    PyObject *msg = PyObject_Str(ev);
-    if (!type_name || !msg) {
-        Py_XDECREF(type_name);
-        Py_XDECREF(msg);
-        return -1;
-    }
-    PyObject *exc = Py_BuildValue("{s:N,s:N}", "type", type_name, "message", msg);
-    if (fi_dump_dict_set(call->record, "exception", exc) < 0)
-        return -1;
-    return fi_dump_dict_set(call->record, "execution_status", PyUnicode_FromString("exception"));
+    PyObject *msg = type_name ? PyObject_Str(ev) : NULL;
+    PyObject *exc = msg ? Py_BuildValue("{s:O,s:O}", "type", type_name, "message", msg) : NULL;
+    Py_XDECREF(type_name);
+    Py_XDECREF(msg);
+    int r = exc ? fi_record_set_py(&call->record, "exception", exc) : -1;
+    Py_XDECREF(exc);
+    return r < 0 ? -1 : fi_record_set_str(&call->record, "execution_status", "exception");
 }
 
 void fi_dump_end(fi_dump_call *call, PyObject *result)
@@ -432,10 +476,12 @@ void fi_dump_end(fi_dump_call *call, PyObject *result)
     }
     /* the function's host time, measured around it by wrapper_invoke (docs/dump-format.md) */
     if (r == 0)
-        r = fi_dump_dict_set(call->record, "duration_us",
-                             PyFloat_FromDouble(round(call->ctx->took_us * 1000.0) / 1000.0));
+        r = fi_record_set_double(&call->record, "duration_us",
+                                 round(call->ctx->took_us * 1000.0) / 1000.0);
     if (r == 0)
         r = mode->write_record(call);
+    if (call->graph && fi_graph_hold_record(call) < 0)
+        PyErr_Clear(); /* the flushes repeat line 1 */
     if (r < 0)
         fi_dump_log_error(call->rec, PyUnicode_AsUTF8(call->name), FI_DUMP_OUTPUTS);
     mode->done(call, result, r == 0);

@@ -7,6 +7,7 @@
 
 #include "dump_format.h"
 #include "format.h"
+#include "json.h"
 #include "strbuf.h"
 #include "tensor.h"
 #include "tensorbytes.h"
@@ -18,6 +19,12 @@ int fi_dump_dict_set(PyObject *d, const char *key, PyObject *value)
     int r = PyDict_SetItemString(d, key, value);
     Py_DECREF(value);
     return r;
+}
+
+static int no_memory(void)
+{
+    PyErr_NoMemory();
+    return -1;
 }
 
 static PyObject *int_list(const int64_t *v, int n)
@@ -45,23 +52,21 @@ static PyObject *tensor_text(int (*put)(fi_buf *, PyObject *, const fi_tensor *)
     return s;
 }
 
-/* The tensor_details entry {shape, dtype, stride, device} of a tensor in a tensor file;
- * nested, the metadata value standing for a tensor inside a container: also the type tag
- * "torch.Tensor", requires_grad, is_contiguous and the tensor_key it is stored under. */
-static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, int nested, PyObject *key,
+/* The metadata value standing for a tensor inside a container: the type tag "torch.Tensor",
+ * its shape, dtype, stride and device, requires_grad, is_contiguous and the tensor_key it
+ * is stored under. */
+static PyObject *tensor_meta(PyObject *tensor, const fi_tensor *t, PyObject *key,
                              fi_tensor_seen *seen)
 {
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-    if ((nested && fi_dump_dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0) ||
+    if (fi_dump_dict_set(d, "type", PyUnicode_FromString("torch.Tensor")) < 0 ||
         fi_dump_dict_set(d, "shape", int_list(t->shape, t->ndim)) < 0 ||
         fi_dump_dict_set(d, "dtype", tensor_text(fi_tensor_put_dtype, tensor, t)) < 0 ||
         fi_dump_dict_set(d, "stride", int_list(t->stride, t->ndim)) < 0 ||
         fi_dump_dict_set(d, "device", tensor_text(fi_tensor_put_device, tensor, t)) < 0)
         goto fail;
-    if (!nested)
-        return d;
     int requires_grad = fi_tensor_seen_requires_grad(seen, tensor);
     if (requires_grad < 0 ||
         fi_dump_dict_set(d, "requires_grad", PyBool_FromLong(requires_grad)) < 0 ||
@@ -74,17 +79,65 @@ fail:
     return NULL;
 }
 
+/* Appends "[a, b, ...]" of v[0..n). */
+static void put_int_array(fi_buf *b, const int64_t *v, int n)
+{
+    fi_buf_putc(b, '[');
+    for (int i = 0; i < n; i++) {
+        if (i)
+            fi_buf_append(b, ", ", 2);
+        fi_buf_put_i64(b, (long long)v[i]);
+    }
+    fi_buf_putc(b, ']');
+}
+
+/* Appends put's text (the tensor's dtype or device) as a JSON string. */
+static int put_text_json(fi_buf *b, int (*put)(fi_buf *, PyObject *, const fi_tensor *),
+                         PyObject *tensor, const fi_tensor *t)
+{
+    fi_buf text;
+    fi_buf_init(&text);
+    int r = put(&text, tensor, t);
+    if (r == 0 && fi_json_str(b, text.data, text.len) < 0)
+        r = -1;
+    fi_buf_free(&text);
+    return r;
+}
+
+/* key's tensor_details entry {shape, dtype, stride, device} in ts->details, with
+ * "scratch": true for a scratch tensor; the key appended to ts->keys. */
+static int put_details(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, const fi_tensor *t,
+                       int scratch)
+{
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    fi_buf *b = k ? fi_record_begin(&ts->details, k, (size_t)klen) : NULL;
+    if (!b)
+        return -1;
+    fi_buf_puts(b, "{\"shape\": ");
+    put_int_array(b, t->shape, t->ndim);
+    fi_buf_puts(b, ", \"dtype\": ");
+    int r = put_text_json(b, fi_tensor_put_dtype, tensor, t);
+    fi_buf_puts(b, ", \"stride\": ");
+    put_int_array(b, t->stride, t->ndim);
+    fi_buf_puts(b, ", \"device\": ");
+    if (r == 0)
+        r = put_text_json(b, fi_tensor_put_device, tensor, t);
+    fi_buf_puts(b, scratch ? ", \"scratch\": true}" : "}");
+    if (fi_record_end(&ts->details) < 0 || r < 0)
+        return -1;
+    if (ts->nkeys++)
+        fi_buf_append(&ts->keys, ", ", 2);
+    if (fi_json_str(&ts->keys, k, (size_t)klen) < 0)
+        return no_memory();
+    return 0;
+}
+
 /* Adds tensor to ts under key; *t gets its metadata, read once for every use. */
 static int collect_tensor(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, fi_tensor *t)
 {
-    if (fi_tensor_seen_get(ts->seen, tensor, t, 1) < 0)
-        return -1;
-    PyObject *details = tensor_meta(tensor, t, 0, key, ts->seen);
-    if (!details)
-        return -1;
-    int r = PyDict_SetItem(ts->details, key, details);
-    Py_DECREF(details);
-    if (r < 0 || PyDict_SetItem(ts->tensors, key, tensor) < 0 || PyList_Append(ts->keys, key) < 0)
+    if (fi_tensor_seen_get(ts->seen, tensor, t, 1) < 0 || put_details(ts, key, tensor, t, 0) < 0 ||
+        PyDict_SetItem(ts->tensors, key, tensor) < 0)
         return -1;
     ts->bytes += (long long)(fi_tensor_numel(t) * (int64_t)fi_dtype_size(t->dtype));
     ts->any_cuda |= t->device_type == FI_DEVICE_CUDA;
@@ -118,15 +171,8 @@ static PyObject *zero_view(PyObject *tensor)
 static int collect_scratch(fi_dump_tensors *ts, PyObject *key, PyObject *tensor, int views)
 {
     fi_tensor t;
-    if (fi_tensor_seen_get(ts->seen, tensor, &t, 0) < 0)
+    if (fi_tensor_seen_get(ts->seen, tensor, &t, 0) < 0 || put_details(ts, key, tensor, &t, 1) < 0)
         return -1;
-    PyObject *details = tensor_meta(tensor, &t, 0, key, ts->seen);
-    if (!details || fi_dump_dict_set(details, "scratch", Py_NewRef(Py_True)) < 0 ||
-        PyDict_SetItem(ts->details, key, details) < 0 || PyList_Append(ts->keys, key) < 0) {
-        Py_XDECREF(details);
-        return -1;
-    }
-    Py_DECREF(details);
     /* the readers take a broadcast of at most FI_VIEW_MAX_ELEMENTS (tensorbytes.h) */
     if (!views || (uint64_t)fi_tensor_numel(&t) > FI_VIEW_MAX_ELEMENTS)
         return 0;
@@ -234,7 +280,7 @@ static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key)
     }
     if (fi_is_tensor(v)) {
         fi_tensor t;
-        return collect_tensor(ts, key, v, &t) < 0 ? NULL : tensor_meta(v, &t, 1, key, ts->seen);
+        return collect_tensor(ts, key, v, &t) < 0 ? NULL : tensor_meta(v, &t, key, ts->seen);
     }
     if (Py_EnterRecursiveCall(" while encoding dump metadata"))
         return NULL;
@@ -258,17 +304,18 @@ static PyObject *encode_value(fi_dump_tensors *ts, PyObject *v, PyObject *key)
 
 /* Puts value under key, which it steals (NULL: -1 with the exception set by whatever made
  * it): top-level tensors go to the tensor file, the rest into meta. */
-static int add_value(fi_dump_tensors *ts, PyObject *meta, PyObject *key, PyObject *value)
+static int add_value(fi_dump_tensors *ts, fi_record *meta, PyObject *key, PyObject *value)
 {
     if (!key)
         return -1;
     fi_tensor t;
     PyObject *enc = NULL;
     int r = -1;
+    const char *k;
     if (fi_is_tensor(value))
         r = collect_tensor(ts, key, value, &t);
-    else if ((enc = encode_value(ts, value, key)))
-        r = PyDict_SetItem(meta, key, enc);
+    else if ((enc = encode_value(ts, value, key)) && (k = PyUnicode_AsUTF8(key)))
+        r = fi_record_set_py(meta, k, enc);
     Py_XDECREF(enc);
     Py_DECREF(key);
     return r;
@@ -278,27 +325,40 @@ int fi_dump_tensors_init(fi_dump_tensors *ts, fi_tensor_seen *seen)
 {
     ts->seen = seen;
     ts->tensors = PyDict_New();
-    ts->details = PyDict_New();
-    ts->keys = PyList_New(0);
+    fi_record_init(&ts->details);
+    fi_buf_init(&ts->keys);
+    ts->nkeys = 0;
     ts->bytes = 0;
     ts->any_cuda = 0;
-    return (ts->tensors && ts->details && ts->keys) ? 0 : -1;
+    return ts->tensors ? 0 : -1;
 }
 
 void fi_dump_tensors_free(fi_dump_tensors *ts)
 {
     Py_CLEAR(ts->tensors);
-    Py_CLEAR(ts->details);
-    Py_CLEAR(ts->keys);
+    fi_record_free(&ts->details);
+    fi_buf_free(&ts->keys);
 }
 
-int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *args,
+/* "arg_N" (a new reference), made once for each N below 64: a call's keys cost no
+ * formatting. */
+static PyObject *arg_key(Py_ssize_t i)
+{
+    static PyObject *made[64]; /* kept for the process */
+    if (i >= 64)
+        return PyUnicode_FromFormat(FI_KEY_ARG "%zd", i);
+    if (!made[i] && !(made[i] = PyUnicode_FromFormat(FI_KEY_ARG "%zd", i)))
+        return NULL;
+    return Py_NewRef(made[i]);
+}
+
+int fi_dump_encode_inputs(fi_dump_tensors *ts, fi_record *meta, PyObject *const *args,
                           Py_ssize_t nargs, PyObject *kwnames, const fi_scratch_api *scratch,
                           const fi_call_args *cargs, int views)
 {
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        PyObject *key = i < nargs ? PyUnicode_FromFormat(FI_KEY_ARG "%zd", i)
+        PyObject *key = i < nargs ? arg_key(i)
                                   : PyUnicode_FromFormat(FI_KEY_KWARG "%U",
                                                          PyTuple_GET_ITEM(kwnames, i - nargs));
         int r;
@@ -314,7 +374,7 @@ int fi_dump_encode_inputs(fi_dump_tensors *ts, PyObject *meta, PyObject *const *
     return 0;
 }
 
-int fi_dump_encode_outputs(fi_dump_tensors *ts, PyObject *meta, PyObject *result)
+int fi_dump_encode_outputs(fi_dump_tensors *ts, fi_record *meta, PyObject *result)
 {
     if (!PyTuple_Check(result))
         return add_value(ts, meta, PyUnicode_FromString(FI_KEY_RESULT), result);

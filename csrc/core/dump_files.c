@@ -224,8 +224,6 @@ done:
     return r;
 }
 
-/* The record as one line, appended to the call's metadata.jsonl (through *meta_fd when
- * it is open; opened and kept there when meta_fd is given) and to session.jsonl. */
 /* record as one JSON line in line (initialised here; the caller frees it); 0, or -1 with
  * an exception set. */
 static int record_line(fi_buf *line, PyObject *record)
@@ -239,10 +237,14 @@ static int record_line(fi_buf *line, PyObject *record)
     return r;
 }
 
-int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record)
+int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd,
+                            const fi_record *record)
 {
     fi_buf line;
-    int r = record_line(&line, record);
+    fi_buf_init(&line);
+    int r = fi_record_render(record, &line) < 0 || fi_buf_putc(&line, '\n') < 0 ? -1 : 0;
+    if (r < 0 && !PyErr_Occurred())
+        PyErr_NoMemory();
     int fd = meta_fd ? *meta_fd : -1;
     if (r == 0 && fd >= 0)
         r = write_line(fd, FI_DUMP_METADATA_FILE, dir, &line);

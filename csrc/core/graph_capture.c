@@ -15,7 +15,8 @@
  * fi_graph_clear. */
 typedef struct fi_graph_entry {
     char *dir;         /* the call's directory */
-    PyObject *record;  /* the line-1 record, completed when the call returns */
+    fi_record record;  /* the line-1 record, then line 2 once the call returned */
+    char *name;        /* the API name */
     PyObject *inputs;  /* key -> tensor */
     PyObject *outputs; /* key -> tensor; NULL until the call returned */
     PyObject *graph;   /* id of the CUDAGraph captured (graph_hooks), or None */
@@ -26,7 +27,8 @@ typedef struct fi_graph_entry {
 
 static void graph_entry_free(graph_entry *e)
 {
-    Py_XDECREF(e->record);
+    fi_record_free(&e->record);
+    free(e->name);
     Py_XDECREF(e->inputs);
     Py_XDECREF(e->outputs);
     Py_XDECREF(e->graph);
@@ -44,12 +46,17 @@ static void graph_capsule_free(PyObject *capsule)
 int fi_graph_hold(fi_dump_call *call, PyObject *inputs)
 {
     graph_entry *e = calloc(1, sizeof(*e));
-    if (!e || !(e->dir = strdup(call->dir))) {
-        free(e);
-        PyErr_NoMemory();
+    const char *name = PyUnicode_AsUTF8(call->name);
+    if (e)
+        fi_record_init(&e->record);
+    if (!e || !name || !(e->dir = strdup(call->dir)) || !(e->name = strdup(name)) ||
+        fi_record_copy(&e->record, &call->record) < 0) {
+        if (e)
+            graph_entry_free(e);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         return -1;
     }
-    e->record = Py_NewRef(call->record);
     e->inputs = Py_NewRef(inputs);
     e->graph = Py_NewRef(call->rec->capture_graph ? call->rec->capture_graph : Py_None);
     call->graph_capsule = PyCapsule_New(e, GRAPH_ENTRY_CAPSULE, graph_capsule_free);
@@ -59,6 +66,15 @@ int fi_graph_hold(fi_dump_call *call, PyObject *inputs)
     }
     call->graph = e;
     return PyList_Append(call->rec->graph_pending, call->graph_capsule);
+}
+
+int fi_graph_hold_record(fi_dump_call *call)
+{
+    fi_record copy;
+    if (fi_record_copy(&copy, &call->record) < 0)
+        return -1;
+    fi_record_move(&call->graph->record, &copy);
+    return 0;
 }
 
 void fi_graph_hold_outputs(fi_dump_call *call, PyObject *outputs)
@@ -78,26 +94,28 @@ void fi_graph_drop(fi_dump_call *call)
 /* The two records FlashInfer appends per flushed part of a call: base (the call's latest
  * record) with the flush keys, to the call's metadata.jsonl and session.jsonl, and the
  * same naming the snapshot, to the snapshot's metadata.jsonl and session.jsonl. */
-static int write_flush_records(fi_recorder *rec, PyObject *base, const char *status, long n,
+static int write_flush_records(fi_recorder *rec, const fi_record *base, const char *status, long n,
                                const char *dir, const char *snap)
 {
-    PyObject *line = PyDict_Copy(base);
-    PyObject *snap_line = NULL;
+    fi_record line, snap_line;
+    fi_record_init(&snap_line);
     int r = -1;
-    if (!line || fi_dump_dict_set(line, "execution_status", PyUnicode_FromString(status)) < 0 ||
-        fi_dump_dict_set(line, "graph_capture_flushed", Py_NewRef(Py_True)) < 0 ||
-        fi_dump_dict_set(line, "graph_capture_flush_index", PyLong_FromLong(n)) < 0 ||
-        fi_dump_dict_set(line, "graph_capture_snapshot_dir", PyUnicode_FromString(snap)) < 0 ||
-        fi_dump_write_record_at(rec, dir, NULL, line) < 0)
+    if (fi_record_copy(&line, base) < 0)
+        return -1;
+    if (fi_record_set_str(&line, "execution_status", status) < 0 ||
+        fi_record_set_bool(&line, "graph_capture_flushed", 1) < 0 ||
+        fi_record_set_int(&line, "graph_capture_flush_index", n) < 0 ||
+        fi_record_set_str(&line, "graph_capture_snapshot_dir", snap) < 0 ||
+        fi_dump_write_record_at(rec, dir, NULL, &line) < 0)
         goto done;
-    snap_line = PyDict_Copy(line);
-    if (!snap_line || fi_dump_dict_set(snap_line, "dump_dir", PyUnicode_FromString(snap)) < 0 ||
-        fi_dump_dict_set(snap_line, "graph_capture_base_dump_dir", PyUnicode_FromString(dir)) < 0)
+    if (fi_record_copy(&snap_line, &line) < 0 ||
+        fi_record_set_str(&snap_line, "dump_dir", snap) < 0 ||
+        fi_record_set_str(&snap_line, "graph_capture_base_dump_dir", dir) < 0)
         goto done;
-    r = fi_dump_write_record_at(rec, snap, NULL, snap_line);
+    r = fi_dump_write_record_at(rec, snap, NULL, &snap_line);
 done:
-    Py_XDECREF(line);
-    Py_XDECREF(snap_line);
+    fi_record_free(&line);
+    fi_record_free(&snap_line);
     return r;
 }
 
@@ -134,7 +152,7 @@ static int flush_entry(fi_recorder *rec, graph_entry *e, Py_ssize_t *parts)
         Py_ssize_t w = fi_dump_save_tensors_at(rec, e->dir, part[i].stem, part[i].tensors, NULL);
         Py_ssize_t w2 =
             w < 0 ? -1 : fi_dump_save_tensors_at(rec, snap, part[i].stem, part[i].tensors, NULL);
-        r = w2 < 0 ? -1 : write_flush_records(rec, e->record, part[i].status, n, e->dir, snap);
+        r = w2 < 0 ? -1 : write_flush_records(rec, &e->record, part[i].status, n, e->dir, snap);
         if (r == 0) {
             rec->dump_bytes += w + w2;
             (*parts)++;
@@ -186,8 +204,7 @@ Py_ssize_t fi_graph_flush(fi_recorder *rec, PyObject *graph)
         graph_entry *e = entry_at(pending, i);
         if (e && (!entry_of_graph(e, graph) || flush_entry(rec, e, &parts) == 0))
             continue;
-        PyObject *name = e ? PyDict_GetItemString(e->record, "function_name") : NULL;
-        fi_dump_log_error(rec, name ? PyUnicode_AsUTF8(name) : "?", "graph flush");
+        fi_dump_log_error(rec, e ? e->name : "?", "graph flush");
     }
     Py_DECREF(pending);
     return parts;

@@ -11,6 +11,8 @@
 int fi_graph_hold(fi_dump_call *call, PyObject *inputs);
 /* The held call returned: its outputs are held too. */
 void fi_graph_hold_outputs(fi_dump_call *call, PyObject *outputs);
+/* The held call's record is complete (line 2): the flushes repeat it. -1 MemoryError. */
+int fi_graph_hold_record(fi_dump_call *call);
 /* The held call raised: nothing to flush. */
 void fi_graph_drop(fi_dump_call *call);
 

@@ -201,7 +201,7 @@ static Py_ssize_t dirs_save(fi_dump_call *call, const char *stem, const fi_dump_
 
 static int dirs_write_record(fi_dump_call *call)
 {
-    return fi_dump_write_record_at(call->rec, call->dir, &call->meta_fd, call->record);
+    return fi_dump_write_record_at(call->rec, call->dir, &call->meta_fd, &call->record);
 }
 
 static void dirs_inputs_done(fi_dump_call *call, long long bytes, int capturing)

@@ -93,26 +93,28 @@ static const char *nonfinite_trigger(fi_dump_call *call, PyObject *tensors)
 }
 
 /* The keys a trigger record repeats from the triggering call's record, as JSON members. */
-static int set_trigger_keys(fi_buf *out, PyObject *record)
+static int set_trigger_keys(fi_buf *out, const fi_record *record)
 {
     static const char *const keys[] = {"function_name", "dump_dir", "call_sequence", "sequence"};
-    PyObject *d = PyDict_New();
-    for (size_t i = 0; d && i < sizeof keys / sizeof keys[0]; i++) {
-        PyObject *v = PyDict_GetItemString(record, keys[i]);
-        if (v && PyDict_SetItemString(d, keys[i], v) < 0)
-            Py_CLEAR(d);
-    }
-    fi_buf json;
-    fi_buf_init(&json);
-    int r = d ? fi_json_from_py(&json, d) : -1;
-    Py_XDECREF(d);
     fi_buf_reset(out);
-    if (r == 0 && json.len >= 2 && fi_buf_append(out, json.data + 1, json.len - 2) < 0)
-        r = -1;
-    fi_buf_free(&json);
-    if (r < 0 && !PyErr_Occurred())
+    int first = 1;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        size_t n;
+        const char *v = fi_record_get(record, keys[i], &n);
+        if (!v)
+            continue;
+        if (!first)
+            fi_buf_append(out, ", ", 2);
+        first = 0;
+        fi_json_str(out, keys[i], strlen(keys[i]));
+        fi_buf_append(out, ": ", 2);
+        fi_buf_append(out, v, n);
+    }
+    if (out->oom) {
         PyErr_NoMemory();
-    return r;
+        return -1;
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------ the ring */
@@ -388,7 +390,7 @@ static int skip_tensors(fi_dump_call *call, int inputs, const char *why)
         call->tensors_skipped = why;
         return 0;
     }
-    return fi_dump_dict_set(call->record, "outputs_skipped", PyUnicode_FromString(why));
+    return fi_record_set_str(&call->record, "outputs_skipped", why);
 }
 
 /* A compact call's chunks are known once taken: a call that alone passes the budget keeps
@@ -448,16 +450,16 @@ static int memory_write_record(fi_dump_call *call)
 {
     if (!call->files)
         return 0;
-    if (call->tensors_skipped && fi_dump_dict_set(call->record, "tensors_skipped",
-                                                  PyUnicode_FromString(call->tensors_skipped)) < 0)
+    if (call->tensors_skipped &&
+        fi_record_set_str(&call->record, "tensors_skipped", call->tensors_skipped) < 0)
         return -1;
     fi_buf *meta = &call->files->meta;
-    if (fi_json_from_py(meta, call->record) < 0 || fi_buf_putc(meta, '\n') < 0) {
+    if (fi_record_render(&call->record, meta) < 0 || fi_buf_putc(meta, '\n') < 0) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         return -1;
     }
-    return set_trigger_keys(&call->files->trigger_keys, call->record);
+    return set_trigger_keys(&call->files->trigger_keys, &call->record);
 }
 
 /* Line 1 is in the slot: publish it, so that a crash during the call writes it. */

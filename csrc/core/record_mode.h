@@ -5,6 +5,7 @@
 #define FI_RECORD_MODE_H
 
 #include "dump_encode.h"
+#include "dump_record.h"
 #include "recorder.h"
 #include "ring_memory.h"
 #include "tensorio.h"
@@ -16,7 +17,7 @@ struct fi_dump_call {
     PyObject *owner;  /* a reference to rec's owner, which keeps rec alive */
     fi_call *ctx;     /* the call's context (statistics memo) */
     PyObject *name;   /* API name (str) */
-    PyObject *record; /* the line-1 record, extended into line 2 */
+    fi_record record; /* the line-1 record, extended into line 2 */
     char *dir;        /* the call's directory */
     long long input_bytes;
     long long output_bytes;
@@ -109,7 +110,8 @@ char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
 /* The record as one line, appended to dir/metadata.jsonl (through *meta_fd when it is open;
  * opened and kept there when meta_fd is given) and, when the mode keeps one, to
  * session.jsonl. */
-int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd, PyObject *record);
+int fi_dump_write_record_at(fi_recorder *rec, const char *dir, int *meta_fd,
+                            const fi_record *record);
 
 /* Appends record as one line of DUMP_DIR/session.jsonl (a record that is no call's). */
 int fi_dump_write_session_record(fi_recorder *rec, PyObject *record);

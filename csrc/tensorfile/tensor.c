@@ -321,7 +321,11 @@ int fi_tensor_seen_plain(fi_tensor_seen *seen, PyObject *obj)
         return -1;
     if (i >= 0 && seen->entry[i].plain >= 0)
         return seen->entry[i].plain;
-    int conj = truth_of(obj, fi_names.is_conj, 1);
+    /* torch sets the conj bit on complex tensors only */
+    fi_dtype dt = i >= 0 ? seen->entry[i].t.dtype : FI_DTYPE_UNKNOWN;
+    int maybe_conj =
+        dt == FI_DTYPE_UNKNOWN || dt == FI_DTYPE_C32 || dt == FI_DTYPE_C64 || dt == FI_DTYPE_C128;
+    int conj = maybe_conj ? truth_of(obj, fi_names.is_conj, 1) : 0;
     int neg = conj == 0 ? truth_of(obj, fi_names.is_neg, 1) : conj;
     int r = conj < 0 || neg < 0 ? -1 : !conj && !neg;
     if (i >= 0 && r >= 0)
