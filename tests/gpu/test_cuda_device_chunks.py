@@ -49,8 +49,8 @@ def pack_payload(path):
 
 def host_written_bytes(root):
     """Bytes of the chunks whose first holder, in recording order (session.jsonl), is a CPU
-    tensor: the host path wrote those; a CUDA tensor holding the same bytes later found
-    them stored."""
+    tensor or a scratch placeholder: the host path wrote those; a CUDA tensor holding the
+    same bytes later found them stored."""
     first = {}
     dirs = []
     for line in open(root / "session.jsonl"):
@@ -64,7 +64,10 @@ def host_written_bytes(root):
             path = root / d / f"{stem}.chunks.json"
             if path.exists():
                 for key, t in json.load(open(path))["tensors"].items():
-                    on_cpu = details.get(key, {}).get("device", "cpu") == "cpu"
+                    detail = details.get(key, {})
+                    # a scratch input is kept as a 1-byte placeholder the recorder makes on
+                    # the CPU (docs/dump-format.md#scratch-tensors), whatever its device
+                    on_cpu = detail.get("device", "cpu") == "cpu" or detail.get("scratch")
                     for c in t["chunks"]:
                         first.setdefault(c[3], (on_cpu, c[1]))
     return sum(n for on_cpu, n in first.values() if on_cpu)
