@@ -187,16 +187,23 @@ static void add_record_extras(fi_recorder *recorder, fi_record *rec)
     PyErr_Clear();
 }
 
-/* tensor_info's members as line 1 has them. */
-static int put_tensor_info(fi_record *info, const fi_dump_tensors *ts)
+/* The member name (len bytes) of info: ts's tensor keys as a JSON list. */
+static int put_key_list(fi_record *info, const char *name, size_t len, const fi_dump_tensors *ts)
 {
-    fi_buf *b = fi_record_begin(info, "input_tensor_keys", 17);
+    fi_buf *b = fi_record_begin(info, name, len);
     if (!b)
         return -1;
     fi_buf_putc(b, '[');
     fi_buf_append(b, ts->keys.data, ts->keys.len);
     fi_buf_putc(b, ']');
-    if (fi_record_end(info) < 0 || fi_record_set_raw(info, "output_tensor_keys", "[]") < 0)
+    return fi_record_end(info);
+}
+
+/* tensor_info's members as line 1 has them. */
+static int put_tensor_info(fi_record *info, const fi_dump_tensors *ts)
+{
+    if (put_key_list(info, "input_tensor_keys", 17, ts) < 0 ||
+        fi_record_set_raw(info, "output_tensor_keys", "[]") < 0)
         return -1;
     return fi_record_set_int(info, "input_size_bytes", ts->bytes) < 0 ||
                    fi_record_set_double(info, "input_size_mb", (double)ts->bytes / MB) < 0
@@ -365,13 +372,7 @@ static int put_output_tensors(fi_record *info, fi_record *details, const fi_dump
 {
     if (fi_record_update(details, &ts->details) < 0)
         return -1;
-    fi_buf *b = fi_record_begin(info, "output_tensor_keys", 18);
-    if (!b)
-        return -1;
-    fi_buf_putc(b, '[');
-    fi_buf_append(b, ts->keys.data, ts->keys.len);
-    fi_buf_putc(b, ']');
-    return fi_record_end(info);
+    return put_key_list(info, "output_tensor_keys", 18, ts);
 }
 
 /* Line 2 of a call that returned: its outputs encoded and written (or held, for a call
