@@ -10,6 +10,10 @@ its own child process, one per mode:
 and, as references, one memcpy of the recorded bytes into warm buffers (Tensor.copy_)
 and the raw write(2) of them to a new file. Costs are per call, best of --repeats (after
 warm-up calls that fill the ring), with the median to show the spread.
+The big call records the same two tensors at every repeat, so the compact rings store
+their chunks once and each later call costs their hashes; --fresh changes every element
+of both before each call (outside the timing, in every mode alike): the worst case, where
+all 96 MB are new.
 FLASHINFER_CPU_ISA in the environment (portable or avx2, docs/logging.md) is passed on to
 the children; every other FLASHINFER_ variable is theirs to set.
 """
@@ -17,6 +21,7 @@ the children; every other FLASHINFER_ variable is theirs to set.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +32,7 @@ import json, os, sys, time
 import torch
 from flashinfer.api_logging import flashinfer_api
 
-mb, repeats, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+mb, repeats, what, fresh = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
 
 @flashinfer_api
 def big(x, y):
@@ -37,11 +42,15 @@ def big(x, y):
 def small(a, b, c, d, e, f, g, h):
     return None
 
-def timed(fn):
+def timed(fn, before=None):
     for _ in range(10):  # fills the ring: its buffers are reused from here on
+        if before:
+            before()
         fn()
     times = []
     for _ in range(repeats):
+        if before:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -52,7 +61,7 @@ x, y = torch.rand(n), torch.rand(n)
 smalls = [torch.rand(1024) for _ in range(8)]
 out = {}
 if what == "call":
-    out["big"] = timed(lambda: big(x, y))
+    out["big"] = timed(lambda: big(x, y), (lambda: (x.add_(1.0), y.add_(1.0))) if fresh else None)
     out["small"] = timed(lambda: small(*smalls))
 elif what == "memcpy":
     dst = [torch.empty(n) for _ in range(3)]
@@ -90,7 +99,7 @@ def run(env_extra, what, args, scratch):
         **env_extra,
     )
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(args.mb), str(args.repeats), what],
+        [sys.executable, "-c", CHILD, str(args.mb), str(args.repeats), what, str(int(args.fresh))],
         env=env,
         capture_output=True,
         text=True,
@@ -103,13 +112,24 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=32, help="MB per input tensor (default 32)")
     p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--dir", default=None, help="scratch directory (default: a new temp dir)")
+    p.add_argument(
+        "--dir",
+        default=None,
+        help="scratch directory, kept (default: a new temp dir, removed at the end)",
+    )
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument(
+        "--fresh", action="store_true", help="new values in the big call's inputs each call"
+    )
     args = p.parse_args()
     scratch = args.dir or tempfile.mkdtemp(prefix="bench_ring_")
-    res = {name: run(env, "call", args, scratch) for name, env in MODES.items()}
-    memcpy = run({}, "memcpy", args, scratch)["big"]
-    write = run({}, "write", args, scratch)["big"]
+    try:  # the raw writes alone leave 2 x --repeats files of 3 x --mb MB
+        res = {name: run(env, "call", args, scratch) for name, env in MODES.items()}
+        memcpy = run({}, "memcpy", args, scratch)["big"]
+        write = run({}, "write", args, scratch)["big"]
+    finally:
+        if not args.dir:
+            shutil.rmtree(scratch, ignore_errors=True)
     base = res["level 5 (baseline)"]
 
     def cost(times, kind):  # recorder cost: best and median over the level-5 call
@@ -120,7 +140,8 @@ def main():
     rows = {}
     print(
         f"big call: 2 x {args.mb} MB float32 in, {args.mb} MB out (recorded bytes "
-        f"{3 * args.mb} MB); cost over level 5, best / median of {args.repeats}"
+        f"{3 * args.mb} MB{', all new at each call' if args.fresh else ''}); cost over level 5, "
+        f"best / median of {args.repeats}"
     )
     for name in list(MODES)[1:]:
         b, m = cost(res[name]["big"], "big")
