@@ -53,6 +53,17 @@ def test_json_dumps_matches_python_json(value):
     assert _C.json_dumps(value) == json.dumps(value)
 
 
+def test_strings_escape_every_special_byte_at_every_place_in_a_word():
+    # the writer takes plain ASCII eight bytes at a time: each byte that needs an escape
+    # (and the printable ones around the limits) at each offset of strings 1..19 long
+    for special in ['"', "\\", "\x00", "\x1f", " ", "~", "\x7f", "!", "[", "]", "\u00e9"]:
+        for n in range(1, 20):
+            for at in range(n):
+                s = "a" * at + special + "b" * (n - at - 1)
+                assert _C.json_dumps(s) == json.dumps(s), (special, n, at)
+                assert _C.json_dumps({s: s}) == json.dumps({s: s}), (special, n, at)
+
+
 def test_json_dumps_int_and_float_subclasses_use_base_repr():
     class MyInt(int):
         def __repr__(self):

@@ -131,6 +131,15 @@ int fi_recorder_hold_writeouts(fi_recorder *rec, int hold_fd, int note_fd)
 
 size_t fi_recorder_ring_bytes(const fi_recorder *rec) { return rec->mode->ring_bytes(rec); }
 
+int fi_recorder_chunk_hashes(const fi_recorder *rec, uint64_t *hashed, uint64_t *memo_hits)
+{
+    const fi_ring *ring = rec->mode == &fi_record_memory_ring ? rec->ring : NULL;
+    if (!ring || !ring->store)
+        return -1;
+    *hashed = fi_chunk_store_hashed(ring->store, memo_hits);
+    return 0;
+}
+
 PyObject *fi_recorder_banner(const fi_recorder *rec) { return rec->mode->banner(rec); }
 
 int fi_dump_checks_outputs(const fi_dump_call *call)
@@ -140,14 +149,33 @@ int fi_dump_checks_outputs(const fi_dump_call *call)
 
 /* ---------------------------------------------------------------- records */
 
+/* FI_DUMP_STAMP_FORMAT of the local time now, then "_" and the milliseconds. The seconds'
+ * text is made once a second (calls run under the GIL, one at a time). */
 static void timestamp_now(char *out, size_t n)
 {
+    static time_t last_sec = -1;
+    static char last[32];
+    static size_t last_len;
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    struct tm tm;
-    localtime_r(&tv.tv_sec, &tm);
-    size_t k = strftime(out, n, FI_DUMP_STAMP_FORMAT, &tm);
-    snprintf(out + k, n - k, "_%03d", (int)(tv.tv_usec / 1000));
+    if (tv.tv_sec != last_sec) {
+        struct tm tm;
+        localtime_r(&tv.tv_sec, &tm);
+        last_len = strftime(last, sizeof last, FI_DUMP_STAMP_FORMAT, &tm);
+        last_sec = tv.tv_sec;
+    }
+    int ms = (int)(tv.tv_usec / 1000);
+    if (last_len + 5 > n) { /* callers give 32 bytes: not reached */
+        if (n)
+            out[0] = '\0';
+        return;
+    }
+    memcpy(out, last, last_len);
+    out[last_len] = '_';
+    out[last_len + 1] = (char)('0' + ms / 100);
+    out[last_len + 2] = (char)('0' + ms / 10 % 10);
+    out[last_len + 3] = (char)('0' + ms % 10);
+    out[last_len + 4] = '\0';
 }
 
 #define MB (1024.0 * 1024.0)
@@ -172,7 +200,7 @@ static int graph_capturing(const fi_dump_tensors *ts)
  * the extra keys (a key that is not a str is left out). */
 static void add_record_extras(fi_recorder *recorder, fi_record *rec)
 {
-    PyObject *fn = PyDict_GetItemString(recorder->static_meta, "record_extras");
+    PyObject *fn = PyDict_GetItem(recorder->static_meta, fi_names.record_extras);
     if (!fn || fn == Py_None)
         return;
     PyObject *extra = PyObject_CallObject(fn, NULL);
@@ -220,7 +248,7 @@ static int build_record(fi_recorder *recorder, fi_record *rec, const fi_dump_api
     PyObject *module = PyObject_GetAttr(api->func, fi_names.module);
     if (!module)
         PyErr_Clear();
-    PyObject *versions = PyDict_GetItemString(recorder->static_meta, "versions");
+    PyObject *versions = PyDict_GetItem(recorder->static_meta, fi_names.versions);
     int r = fi_record_set_str(rec, "function_name", api->api_name);
     if (r == 0)
         r = fi_record_set_py(rec, "module", module ? module : Py_None);
@@ -228,7 +256,7 @@ static int build_record(fi_recorder *recorder, fi_record *rec, const fi_dump_api
     fi_record *info;
     if (r < 0 || fi_record_set_int(rec, "call_sequence", call_seq) < 0 ||
         fi_record_set_str(rec, "timestamp", stamp) < 0 ||
-        fi_record_set_int(rec, "process_id", (long long)getpid()) < 0 ||
+        fi_record_set_int(rec, "process_id", (long long)fi_fork_pid()) < 0 ||
         fi_record_take(rec, "input_metadata", input_meta) < 0 ||
         !fi_record_child(rec, "output_metadata") || !(info = fi_record_child(rec, "tensor_info")) ||
         put_tensor_info(info, ts) < 0 || fi_record_take(rec, "tensor_details", &ts->details) < 0 ||

@@ -95,6 +95,14 @@ static void put_int_array(fi_buf *b, const int64_t *v, int n)
 static int put_text_json(fi_buf *b, int (*put)(fi_buf *, PyObject *, const fi_tensor *),
                          PyObject *tensor, const fi_tensor *t)
 {
+    /* the texts of a known dtype or a CPU device need no escaping */
+    if (put == fi_tensor_put_dtype && t->dtype != FI_DTYPE_UNKNOWN) {
+        fi_buf_append(b, "\"", 1);
+        fi_tensor_put_dtype(b, tensor, t);
+        return fi_buf_append(b, "\"", 1);
+    }
+    if (put == fi_tensor_put_device && t->device_type == FI_DEVICE_CPU)
+        return fi_buf_append(b, "\"cpu\"", 5);
     fi_buf text;
     fi_buf_init(&text);
     int r = put(&text, tensor, t);

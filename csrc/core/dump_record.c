@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "json.h"
 
@@ -12,6 +13,7 @@ void fi_record_init(fi_record *r)
     fi_buf_init(&r->text);
     r->m = NULL;
     r->n = r->cap = 0;
+    r->keys = 0;
     r->open = (size_t)-1;
     r->start = 0;
 }
@@ -39,30 +41,49 @@ static int no_memory(void)
     return -1;
 }
 
-/* Whether key needs no escaping in JSON: its quoted form is '"' key '"'. */
-static int plain_key(const char *key, size_t klen)
-{
-    for (size_t i = 0; i < klen; i++) {
-        unsigned char c = (unsigned char)key[i];
-        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
-            return 0;
-    }
-    return 1;
-}
-
-/* FNV-1a of a key's JSON text between its quotes: members are told apart by it first. */
+/* A hash of a key's JSON text between its quotes, from its length and its first and last
+ * eight bytes (no chain through every byte): members are told apart by it first, and
+ * compared whole when it matches. */
 static uint32_t key_hash(const char *s, size_t n)
 {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 16777619u;
-    return h;
+    uint64_t a = 0, b = 0;
+    if (n >= 8) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            a |= (uint64_t)(unsigned char)s[i] << (8 * i);
+    }
+    uint64_t h = (a ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+    h ^= (b + n) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    return (uint32_t)(h >> 32);
+}
+
+/* The bit of r->keys for key hash h. */
+static uint64_t key_bit(uint32_t h) { return 1ull << (h >> 26); }
+
+/* Appends a member whose key, as JSON text, is at text[at..at+klen), of hash h. */
+static void add_member(fi_record *r, size_t at, size_t klen, uint32_t h)
+{
+    r->m[r->n++] = (struct fi_record_member){at, klen, 0, 0, NULL, h};
+    r->keys |= key_bit(h);
+}
+
+/* Whether key needs no escaping in JSON (its quoted form is '"' key '"'), with *hash its
+ * key_hash then. */
+static int plain_key(const char *key, size_t klen, uint32_t *hash)
+{
+    *hash = key_hash(key, klen);
+    return fi_json_plain_prefix(key, klen) == klen;
 }
 
 /* The index of the member whose key, as JSON text, is q[0..qlen), or r->n. */
 static size_t find_quoted(const fi_record *r, const char *q, size_t qlen)
 {
     uint32_t h = key_hash(q + 1, qlen - 2);
+    if (!(r->keys & key_bit(h)))
+        return r->n;
     for (size_t i = 0; i < r->n; i++)
         if (r->m[i].hash == h && r->m[i].klen == qlen &&
             memcmp(r->text.data + r->m[i].key, q, qlen) == 0)
@@ -70,12 +91,18 @@ static size_t find_quoted(const fi_record *r, const char *q, size_t qlen)
     return r->n;
 }
 
-/* The index of key's member, or r->n when r has none (or out of memory). The members keep
- * their keys as JSON text, which fi_record_render copies as it is. */
-static size_t find(const fi_record *r, const char *key, size_t klen)
+/* The index of key's member, or r->n when r has none (or out of memory); *plain_hash is the
+ * key's key_hash when it needs no escaping, else 0 with *plain 0. The members keep their
+ * keys as JSON text, which fi_record_render copies as it is. */
+static size_t find(const fi_record *r, const char *key, size_t klen, int *plain,
+                   uint32_t *plain_hash)
 {
-    if (plain_key(key, klen)) {
-        uint32_t h = key_hash(key, klen);
+    uint32_t h;
+    *plain = plain_key(key, klen, &h);
+    *plain_hash = *plain ? h : 0;
+    if (*plain) {
+        if (!(r->keys & key_bit(h)))
+            return r->n;
         for (size_t i = 0; i < r->n; i++) {
             const char *k = r->text.data + r->m[i].key;
             if (r->m[i].hash == h && r->m[i].klen == klen + 2 && memcmp(k + 1, key, klen) == 0)
@@ -109,7 +136,9 @@ static int grow(fi_record *r)
  * memory. */
 static size_t member(fi_record *r, const char *key, size_t klen, int *made)
 {
-    size_t i = find(r, key, klen);
+    int plain;
+    uint32_t h;
+    size_t i = find(r, key, klen, &plain, &h);
     *made = 0;
     if (i < r->n)
         return i;
@@ -119,9 +148,9 @@ static size_t member(fi_record *r, const char *key, size_t klen, int *made)
     if (fi_json_str(&r->text, key, klen) < 0)
         return r->n;
     size_t qlen = r->text.len - at;
-    r->m[i] =
-        (struct fi_record_member){at, qlen, 0, 0, NULL, key_hash(r->text.data + at + 1, qlen - 2)};
-    r->n++;
+    if (!plain)
+        h = key_hash(r->text.data + at + 1, qlen - 2);
+    add_member(r, at, qlen, h);
     *made = 1;
     return i;
 }
@@ -192,9 +221,15 @@ fi_record *fi_record_child(fi_record *r, const char *key) { return child_of(r, k
 /* Moves the buffer src into dst (an inline buffer's bytes are copied); src is left empty. */
 static void move_buf(fi_buf *dst, fi_buf *src)
 {
-    *dst = *src;
-    if (src->data == src->inline_data)
+    dst->len = src->len;
+    dst->cap = src->cap;
+    dst->oom = src->oom;
+    if (src->data == src->inline_data) {
         dst->data = dst->inline_data;
+        memcpy(dst->inline_data, src->inline_data, src->len + 1);
+    } else { /* the heap block changes hands; the inline array is not in use */
+        dst->data = src->data;
+    }
     fi_buf_init(src);
 }
 
@@ -205,8 +240,10 @@ void fi_record_move(fi_record *dst, fi_record *src)
     dst->m = src->m;
     dst->n = src->n;
     dst->cap = src->cap;
+    dst->keys = src->keys;
     src->m = NULL;
     src->n = src->cap = 0;
+    src->keys = 0;
 }
 
 int fi_record_take(fi_record *r, const char *key, fi_record *from)
@@ -230,8 +267,7 @@ int fi_record_update(fi_record *r, const fi_record *from)
             size_t at = r->text.len;
             if (fi_buf_append(&r->text, q, m->klen) < 0)
                 return no_memory();
-            r->m[k] = (struct fi_record_member){at, m->klen, 0, 0, NULL, m->hash};
-            r->n++;
+            add_member(r, at, m->klen, m->hash);
         }
         free_child(r->m[k].child);
         r->m[k].child = NULL;
@@ -314,7 +350,9 @@ int fi_record_set_py(fi_record *r, const char *key, PyObject *obj)
 
 const char *fi_record_get(const fi_record *r, const char *key, size_t *len)
 {
-    size_t i = find(r, key, strlen(key));
+    int plain;
+    uint32_t h;
+    size_t i = find(r, key, strlen(key), &plain, &h);
     if (i == r->n || r->m[i].child)
         return NULL;
     *len = r->m[i].vlen;
@@ -353,6 +391,7 @@ int fi_record_copy(fi_record *dst, const fi_record *src)
         }
         memcpy(dst->m, src->m, src->n * sizeof(*dst->m));
         dst->n = dst->cap = src->n;
+        dst->keys = src->keys;
         for (size_t i = 0; i < dst->n; i++)
             dst->m[i].child = NULL;
         for (size_t i = 0; i < dst->n; i++) {

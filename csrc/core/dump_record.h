@@ -23,9 +23,11 @@ struct fi_record {
         uint32_t hash;    /* of the key (dump_record.c: key_hash) */
     } *m;
     size_t n, cap;
-    size_t open;  /* the member fi_record_begin started, while its value is written */
-    size_t start; /* where that value starts in text */
-    int open_new; /* that member is new */
+    uint64_t keys; /* bit (hash & 63) of each member's key hash: a key whose bit is clear is
+                    * not a member, without looking */
+    size_t open;   /* the member fi_record_begin started, while its value is written */
+    size_t start;  /* where that value starts in text */
+    int open_new;  /* that member is new */
 };
 
 void fi_record_init(fi_record *r);

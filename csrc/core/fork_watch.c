@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static atomic_ulong epoch;
 static atomic_int watching;
@@ -27,3 +29,30 @@ int fi_fork_watch(void)
 }
 
 unsigned long fi_fork_epoch(void) { return atomic_load(&epoch); }
+
+/* The epoch + 1 a cached id was read in (0: none). */
+static unsigned long read_in(void) { return atomic_load(&watching) ? atomic_load(&epoch) + 1 : 0; }
+
+long fi_fork_pid(void)
+{
+    static atomic_long pid;
+    static atomic_ulong pid_read_in;
+    unsigned long now = read_in();
+    if (now == 0 || atomic_load(&pid_read_in) != now) {
+        atomic_store(&pid, (long)getpid());
+        atomic_store(&pid_read_in, now);
+    }
+    return atomic_load(&pid);
+}
+
+long fi_fork_tid(void)
+{
+    static _Thread_local long tid;
+    static _Thread_local unsigned long tid_read_in;
+    unsigned long now = read_in();
+    if (now == 0 || tid_read_in != now) {
+        tid = (long)syscall(SYS_gettid);
+        tid_read_in = now;
+    }
+    return tid;
+}

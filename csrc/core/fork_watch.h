@@ -9,4 +9,9 @@ int fi_fork_watch(void);
 /* The count now; async-signal-safe. */
 unsigned long fi_fork_epoch(void);
 
+/* getpid() and the calling thread's gettid(), each a system call, read once per process
+ * (per thread) and again after a fork while the count runs; before it runs, every time. */
+long fi_fork_pid(void);
+long fi_fork_tid(void);
+
 #endif

@@ -291,6 +291,20 @@ static PyObject *logger_ring_bytes(fi_logger *lg, PyObject *unused)
     return PyLong_FromSize_t(fi_recorder_ring_bytes(&lg->rec));
 }
 
+PyDoc_STRVAR(ring_chunk_hashes_doc,
+             "_ring_chunk_hashes()\n--\n\nTests: (chunks hashed, chunks given their hash by "
+             "the stored bytes they equal) in the in-memory ring's compact store, or None "
+             "before it has one.");
+
+static PyObject *logger_ring_chunk_hashes(fi_logger *lg, PyObject *unused)
+{
+    (void)unused;
+    uint64_t hashed, hits;
+    if (fi_recorder_chunk_hashes(&lg->rec, &hashed, &hits) < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)hashed, (unsigned long long)hits);
+}
+
 PyDoc_STRVAR(ring_banner_doc,
              "ring_banner()\n--\n\nThe level-10 banner's two lines about the ring (what is "
              "written, and the ring's limits), or None without FLASHINFER_DUMP_RING.");
@@ -377,6 +391,8 @@ static PyMethodDef logger_methods[] = {
     {"dump_ring", (PyCFunction)logger_dump_ring, METH_VARARGS, dump_ring_doc},
     {"write_skipped", (PyCFunction)logger_write_skipped, METH_NOARGS, write_skipped_doc},
     {"ring_bytes", (PyCFunction)logger_ring_bytes, METH_NOARGS, ring_bytes_doc},
+    {"_ring_chunk_hashes", (PyCFunction)logger_ring_chunk_hashes, METH_NOARGS,
+     ring_chunk_hashes_doc},
     {"_hold_ring_writeouts", (PyCFunction)logger_hold_ring_writeouts, METH_VARARGS,
      hold_ring_writeouts_doc},
     {"flush_graph_dumps", (PyCFunction)(void (*)(void))logger_flush_graph_dumps, METH_FASTCALL,

@@ -95,6 +95,10 @@ int fi_recorder_hold_writeouts(fi_recorder *rec, int hold_fd, int note_fd);
 
 /* Bytes the in-memory ring holds. */
 size_t fi_recorder_ring_bytes(const fi_recorder *rec);
+/* Test hook: chunks the in-memory ring's compact store hashed, and chunks it gave a hash
+ * without hashing (their bytes equal to those it stored from the same address). -1 without
+ * such a store yet. */
+int fi_recorder_chunk_hashes(const fi_recorder *rec, uint64_t *hashed, uint64_t *memo_hits);
 
 /* The level-10 banner's two lines about the ring (what is written, and its limits), or
  * None without one. New reference, NULL with an exception set. */

@@ -103,8 +103,11 @@ static void buf_move(fi_buf *dst, fi_buf *src)
         memcpy(dst->inline_data, src->inline_data, src->len + 1);
         dst->len = src->len;
         dst->oom = src->oom;
-    } else {
-        *dst = *src;
+    } else { /* the heap block changes hands; the inline array is not in use */
+        dst->data = src->data;
+        dst->len = src->len;
+        dst->cap = src->cap;
+        dst->oom = src->oom;
     }
     fi_buf_init(src);
 }
@@ -268,7 +271,7 @@ int fi_ring_claim(fi_ring *r, const char *dir, size_t bytes, fi_ring_ticket *t, 
     fi_buf_reset(&out->trigger_keys);
     free(s->dir);
     s->dir = copy;
-    s->owner_tid = fi_crash_tid();
+    s->owner_tid = fi_fork_tid(); /* fi_crash_tid's value, read once per thread */
     s->wrote = 0;
     s->meta_written = 0;
     s->generation = atomic_load(&r->generation) + 1;

@@ -13,6 +13,18 @@
 /* Full-size buffers kept for reuse when their chunks go: up to 16 MiB of them. */
 #define FREE_MAX 256
 
+/* The hashes last put from up to 2 x MEMO_SETS source addresses (two per set, the set
+ * picked by address), in a store that keeps bytes: a chunk captured again from the same
+ * address is compared with the stored bytes of the hash it had there before, and takes
+ * that hash without hashing when they are equal (fi_chunk_store_hash). */
+#define MEMO_SETS 128
+
+typedef struct {
+    const void *p; /* only a key: never read through (the source may be gone) */
+    size_t len;
+    fi_chunk_hash h;
+} memo_entry;
+
 struct fi_chunk_store {
     uint32_t key[FI_CHUNK_KEY_WORDS];
     int keep_data;
@@ -22,6 +34,8 @@ struct fi_chunk_store {
     char *free_buf[FREE_MAX];
     int nfree;
     uint64_t parts_added;
+    uint64_t hashed, memo_hits;
+    memo_entry memo[MEMO_SETS][2]; /* [0]: the one put last */
 };
 
 /* Random key words from the kernel (getrandom, else /dev/urandom). 0 or -1. */
@@ -81,6 +95,7 @@ void fi_chunk_store_free(fi_chunk_store *s)
             next = c->next;
             free(c->data);
             fi_stats_stream_free(c->part);
+            free(c->whole);
             free(c);
         }
     }
@@ -93,9 +108,60 @@ void fi_chunk_store_free(fi_chunk_store *s)
 
 const uint32_t *fi_chunk_store_key(const fi_chunk_store *s) { return s->key; }
 
-void fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h)
+static size_t memo_set(const void *data)
 {
+    uintptr_t a = (uintptr_t)data >> 6;
+    return (a ^ (a >> 7) ^ (a >> 14) ^ (a >> 21)) & (MEMO_SETS - 1);
+}
+
+/* What data's address last put, or NULL. */
+static const memo_entry *memo_find(const fi_chunk_store *s, const void *data, size_t len)
+{
+    const memo_entry *e = s->memo[memo_set(data)];
+    for (int w = 0; w < 2; w++)
+        if (e[w].p == data && e[w].len == len)
+            return &e[w];
+    return NULL;
+}
+
+/* Remembers that data's address put the chunk of hash h: in its set's first entry, the
+ * other entry keeping the one put before from another address. */
+static void memo_put(fi_chunk_store *s, const void *data, size_t len, const fi_chunk_hash *h)
+{
+    memo_entry *e = s->memo[memo_set(data)];
+    if (e[0].p != data)
+        e[1] = e[0];
+    e[0] = (memo_entry){data, len, *h};
+}
+
+/* Equal bytes have equal hashes: a stored chunk whose bytes are data's gives its hash, which
+ * is fi_chunk_hash_cpu's of data, bit for bit (the chunk was put under that hash). Only
+ * reads the store, so the capture's threads may call it at once. */
+int fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h)
+{
+    if (s->keep_data) {
+        const memo_entry *e = memo_find(s, data, len);
+        const fi_chunk *c = e ? fi_chunk_peek(s, len, &e->h) : NULL;
+        if (c && c->data && memcmp(c->data, data, len) == 0) {
+            *h = e->h;
+            return 1;
+        }
+    }
     fi_chunk_hash_cpu(data, len, s->key, h);
+    return 0;
+}
+
+void fi_chunk_store_hash_count(fi_chunk_store *s, uint64_t hashed, uint64_t memo_hits)
+{
+    s->hashed += hashed;
+    s->memo_hits += memo_hits;
+}
+
+uint64_t fi_chunk_store_hashed(const fi_chunk_store *s, uint64_t *memo_hits)
+{
+    if (memo_hits)
+        *memo_hits = s->memo_hits;
+    return s->hashed;
 }
 
 void fi_chunk_store_parts_added_count(fi_chunk_store *s, uint64_t n) { s->parts_added += n; }
@@ -166,6 +232,8 @@ fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi
                        int *added)
 {
     *added = 0;
+    if (s->keep_data)
+        memo_put(s, data, len, h);
     fi_chunk *c = fi_chunk_find(s, len, h);
     if (c)
         return c;
@@ -210,7 +278,16 @@ void fi_chunk_release(fi_chunk_store *s, fi_chunk *c)
     if (c->data)
         give_buffer(s, c->data, c->len);
     fi_stats_stream_free(c->part);
+    free(c->whole);
     free(c);
+}
+
+void fi_chunk_keep_stats(fi_chunk *c, fi_dtype dtype, const fi_stats *st)
+{
+    if (!c->whole && !(c->whole = malloc(sizeof(*c->whole))))
+        return;
+    *c->whole = *st;
+    c->whole_dtype = dtype;
 }
 
 /* ------------------------------------------------------------------ packs */

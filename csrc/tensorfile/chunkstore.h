@@ -24,6 +24,11 @@ typedef struct fi_chunk {
     /* its statistics partial (fi_stats_part_new), or NULL: a capture that meets the chunk
      * again adds it instead of reading the bytes (docs/dump-format.md#chunk-statistics) */
     fi_stats_stream *part;
+    /* the statistics of a tensor that is this chunk whole, as whole_dtype, or NULL: a
+     * capture that meets the chunk again as a tensor of that dtype takes them instead of
+     * reading the bytes (fi_compact_capture) */
+    fi_stats *whole;
+    fi_dtype whole_dtype;
     struct fi_chunk *next;
 } fi_chunk;
 
@@ -37,8 +42,14 @@ void fi_chunk_store_free(fi_chunk_store *s);
 /* The store's key (FI_CHUNK_KEY_WORDS words), for hashing chunks elsewhere (the device). */
 const uint32_t *fi_chunk_store_key(const fi_chunk_store *s);
 
-/* The hash of data[0..len) under the store's key. */
-void fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h);
+/* The hash of data[0..len) under the store's key. In a store that keeps bytes, a chunk put
+ * from the same address before whose stored bytes equal data's gives its hash without
+ * hashing (1 returned; 0 when hashed). Only reads the store. */
+int fi_chunk_store_hash(const fi_chunk_store *s, const void *data, size_t len, fi_chunk_hash *h);
+/* Counts chunks hashed and chunks whose hash came from the stored bytes; the counts so far
+ * (tests read them). */
+void fi_chunk_store_hash_count(fi_chunk_store *s, uint64_t hashed, uint64_t memo_hits);
+uint64_t fi_chunk_store_hashed(const fi_chunk_store *s, uint64_t *memo_hits);
 
 /* A new reference to the stored chunk of len bytes whose hash is h, or NULL when the store
  * lacks it: what the device path asks before it copies a chunk (compact.c). */
@@ -53,6 +64,10 @@ fi_chunk *fi_chunk_put(fi_chunk_store *s, const void *data, size_t len, const fi
 /* The chunk holding len bytes whose hash is h, or NULL; no reference is taken. Only reads
  * the store, so threads may look up while nothing changes it. */
 const fi_chunk *fi_chunk_peek(const fi_chunk_store *s, size_t len, const fi_chunk_hash *h);
+
+/* Keeps st, the statistics of a tensor of dtype that is c's bytes whole, with c (the last
+ * kept when they differ; nothing when out of memory). */
+void fi_chunk_keep_stats(fi_chunk *c, fi_dtype dtype, const fi_stats *st);
 
 /* Drops a reference; the chunk goes when the last one does. */
 void fi_chunk_release(fi_chunk_store *s, fi_chunk *c);

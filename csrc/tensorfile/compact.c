@@ -78,8 +78,9 @@ typedef struct {
 } chunk_at;
 
 /* The chunks of s (its kept parts, or its whole span, cut at FI_CHUNK_MAX) in order, or
- * NULL when out of memory. */
-static chunk_at *list_chunks(const fi_saved_tensor *s, size_t *count)
+ * NULL when out of memory: in local (room for LOCAL_CHUNKS) when they fit. */
+#define LOCAL_CHUNKS 4
+static chunk_at *list_chunks(const fi_saved_tensor *s, size_t *count, chunk_at *local)
 {
     fi_byte_range whole = {0, s->span_bytes};
     const fi_byte_range *range = s->keep ? s->keep->range : &whole;
@@ -89,7 +90,7 @@ static chunk_at *list_chunks(const fi_saved_tensor *s, size_t *count)
                  b = range[i].end > s->span_bytes ? s->span_bytes : range[i].end;
         n += a < b ? (size_t)((b - a + FI_CHUNK_MAX - 1) / FI_CHUNK_MAX) : 0;
     }
-    chunk_at *c = malloc((n ? n : 1) * sizeof(*c));
+    chunk_at *c = local && n <= LOCAL_CHUNKS ? local : malloc((n ? n : 1) * sizeof(*c));
     if (!c)
         return NULL;
     const char *packed = s->keep ? s->keep->packed : NULL;
@@ -122,13 +123,21 @@ typedef struct {
     fi_stats_stream **part;
     fi_stats_stream *st;
     fi_dtype dtype;
-    uint64_t reused; /* chunks whose kept partial was added */
+    uint64_t reused;            /* chunks whose kept partial was added */
+    uint64_t hashed, memo_hits; /* chunks hashed, and given their hash by the store */
+    fi_stats *whole; /* a one-chunk stream: the chunk's kept statistics go here (whole_taken) */
+    int whole_taken;
 } hash_job;
 
 /* Chunk i's statistics into st: its partial added, or its bytes fed. */
 static void stats_of_chunk(hash_job *j, fi_stats_stream *st, size_t i)
 {
     const fi_chunk *known = fi_chunk_peek(j->store, j->c[i].len, &j->h[i]);
+    if (j->whole && known && known->whole && known->whole_dtype == j->dtype) {
+        *j->whole = *known->whole; /* the same bytes as the same dtype: the same bits */
+        j->whole_taken = 1;
+        return;
+    }
     const fi_stats_stream *part = known && known->part ? known->part : j->part[i];
     if (!part && fi_stats_stream_exact(st))
         part = j->part[i] = fi_stats_part_new(j->dtype, j->c[i].p, j->c[i].len);
@@ -142,7 +151,10 @@ static void *hash_chunks(void *arg)
 {
     hash_job *j = arg;
     for (size_t i = 0; i < j->n; i++) {
-        fi_chunk_store_hash(j->store, j->c[i].p, j->c[i].len, &j->h[i]);
+        if (fi_chunk_store_hash(j->store, j->c[i].p, j->c[i].len, &j->h[i]))
+            j->memo_hits++;
+        else
+            j->hashed++;
         if (j->st)
             stats_of_chunk(j, j->st, i);
     }
@@ -158,7 +170,8 @@ static void *hash_chunks(void *arg)
  * cannot be shown exact go to st again, in order. part[0..n) (when st is set) gets the
  * new partials. The threads only read the store. -1 when out of memory. */
 static int hash_all(fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk_hash *h,
-                    fi_stats_stream **part, fi_stats_stream *st, fi_dtype dtype, int threads)
+                    fi_stats_stream **part, fi_stats_stream *st, fi_dtype dtype, int threads,
+                    fi_stats *whole, int *whole_taken)
 {
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
@@ -172,7 +185,14 @@ static int hash_all(fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk
     int started[CAPTURE_MAX_THREADS] = {0};
     for (int t = 0; t < nt; t++) {
         size_t first = n * (size_t)t / (size_t)nt, last = n * (size_t)(t + 1) / (size_t)nt;
-        job[t] = (hash_job){store, c + first, last - first, h + first, part + first, st, dtype, 0};
+        job[t] = (hash_job){.store = store,
+                            .c = c + first,
+                            .n = last - first,
+                            .h = h + first,
+                            .part = part + first,
+                            .st = st,
+                            .dtype = dtype,
+                            .whole = n == 1 ? whole : NULL};
         if (st && t > 0 && !(job[t].st = fi_stats_stream_fork(st))) {
             while (--t > 0)
                 fi_stats_stream_free(job[t].st);
@@ -196,8 +216,11 @@ static int hash_all(fi_chunk_store *store, const chunk_at *c, size_t n, fi_chunk
         for (size_t i = 0; i < job[t].n; i++)
             stats_of_chunk(&job[t], st, i);
     }
-    for (int t = 0; t < nt; t++)
+    *whole_taken = job[0].whole_taken;
+    for (int t = 0; t < nt; t++) {
         fi_chunk_store_parts_added_count(store, job[t].reused);
+        fi_chunk_store_hash_count(store, job[t].hashed, job[t].memo_hits);
+    }
     return 0;
 }
 
@@ -223,28 +246,37 @@ static int capture_head(const fi_saved_tensor *s, fi_compact_tensor *t)
 }
 
 int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
-                       fi_stats_stream *st, int threads, fi_compact_tensor *t)
+                       fi_stats_stream *st, int threads, fi_compact_tensor *t, fi_stats *whole)
 {
     if (capture_head(s, t) < 0)
         return -1;
     size_t n = 0;
-    chunk_at *c = list_chunks(s, &n);
-    fi_chunk_hash *h = c ? malloc((n ? n : 1) * sizeof(*h)) : NULL;
-    fi_stats_stream **part = h ? calloc(n ? n : 1, sizeof(*part)) : NULL;
-    int r = part && hash_all(store, c, n, h, part, st, s->t.dtype, threads) == 0 ? 0 : -1;
+    chunk_at c_local[LOCAL_CHUNKS]; /* a small tensor's chunks: no allocations */
+    fi_chunk_hash h_local[LOCAL_CHUNKS];
+    fi_stats_stream *part_local[LOCAL_CHUNKS] = {NULL};
+    chunk_at *c = list_chunks(s, &n, c_local);
+    int local = c == c_local;
+    fi_chunk_hash *h = local ? h_local : c ? malloc((n ? n : 1) * sizeof(*h)) : NULL;
+    fi_stats_stream **part = local ? part_local : h ? calloc(n ? n : 1, sizeof(*part)) : NULL;
+    int taken = 0;
+    int r = part && hash_all(store, c, n, h, part, st, s->t.dtype, threads, whole, &taken) == 0
+                ? 0
+                : -1;
     for (size_t i = 0; r == 0 && i < n; i++)
         r = capture_chunk(store, c[i].p, c[i].len, c[i].offset, &h[i], &part[i], sink, t);
     for (size_t i = 0; part && i < n; i++)
         fi_stats_stream_free(part[i]); /* those no chunk kept */
-    free(c);
-    free(h);
-    free(part);
+    if (!local) {
+        free(c);
+        free(h);
+        free(part);
+    }
     if (r < 0) {
         fi_compact_tensor_clear(store, t);
         PyErr_NoMemory();
         return -1;
     }
-    return 0;
+    return taken;
 }
 
 /* The device path (docs/flight-recorder.md, "Chunk dedup on the device"): s's chunks hashed
@@ -258,7 +290,7 @@ static int capture_on_device(fi_chunk_store *store, const fi_saved_tensor *s, fi
     if (capture_head(s, t) < 0)
         return -1;
     size_t n = 0, nbytes = 0, missing = 0;
-    chunk_at *c = list_chunks(s, &n);
+    chunk_at *c = list_chunks(s, &n, NULL);
     size_t cells = n ? n : 1;
     int64_t *off = c ? malloc(4 * cells * sizeof(int64_t)) : NULL;
     fi_chunk_hash *h = off ? malloc(cells * sizeof(*h)) : NULL;
@@ -535,11 +567,20 @@ int fi_compact_capture_dict(fi_chunk_store *store, PyObject *dict, const fi_save
         fi_saved_tensor *s = &ts[done];
         fi_stats_stream *st = opts->sink ? stats_stream_for(dict, s) : NULL;
         fi_chunk_device *dev = opts->device;
+        /* a tensor of one chunk: statistics kept with the chunk (fi_chunk.whole) */
+        int one = st && !s->keep && s->nbytes <= FI_CHUNK_MAX;
         r = dev && dev->takes(dev, s->t.device_type) && !(s->keep && s->keep->packed)
                 ? capture_on_device(store, s, sink, st, dev, &ct[done])
-                : fi_compact_capture(store, s, sink, st, opts->threads, &ct[done]);
-        if (st)
+                : fi_compact_capture(store, s, sink, st, opts->threads, &ct[done],
+                                     one ? &stats[done] : NULL);
+        if (r == 1) {
+            fi_stats_stream_free(st);
+            r = 0;
+        } else if (st) {
             fi_stats_stream_end(st, &stats[done]);
+            if (r == 0 && one && ct[done].nref == 1)
+                fi_chunk_keep_stats(ct[done].ref[0].chunk, s->t.dtype, &stats[done]);
+        }
         if (r == 0 && s->keep && s->keep->pages_total >= 0) {
             ct[done].pages_kept = (int64_t)s->keep->n;
             ct[done].pages_total = s->keep->pages_total;

@@ -49,9 +49,11 @@ typedef struct {
  * appended there. The hashes and statistics of a large tensor are taken on up to threads
  * threads (the same bits as one); the store and the pack are then updated in order. Reads
  * s->keep->packed instead of the tensor's memory when set. 0, or -1 with an exception
- * set. t owns its references until fi_compact_tensor_clear. */
+ * set. t owns its references until fi_compact_tensor_clear. whole (may be NULL) is for s
+ * of one chunk whose statistics st takes whole: when the store kept that chunk's statistics
+ * as s's dtype (fi_chunk_keep_stats), they are put there and st is not fed (1 returned). */
 int fi_compact_capture(fi_chunk_store *store, const fi_saved_tensor *s, fi_pack_sink *sink,
-                       fi_stats_stream *st, int threads, fi_compact_tensor *t);
+                       fi_stats_stream *st, int threads, fi_compact_tensor *t, fi_stats *whole);
 
 /* Releases t's references and memory; t is left empty (its pages fields -1). */
 void fi_compact_tensor_clear(fi_chunk_store *store, fi_compact_tensor *t);

@@ -83,12 +83,57 @@ static uint32_t utf8_next(const unsigned char *s, size_t n, size_t *i)
     return cp;
 }
 
+/* The bytes of w that need an escape, as their high bits (some of them: zero when none). */
+static uint64_t escaped_bytes(uint64_t w)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = w ^ (ones * '"'), bs = w ^ (ones * '\\'), del = w ^ (ones * 0x7f);
+    /* (x - ones * k) & ~x & high is nonzero when a byte of x is below k (k <= 0x80); a
+     * byte of x ^ ones * c that is zero is a byte c; w & high, a byte of 0x80 or more */
+    return (((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((bs - ones) & ~bs) |
+            ((del - ones) & ~del) | w) &
+           high;
+}
+
+size_t fi_json_plain_prefix(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, u + i, 8);
+        if (escaped_bytes(w))
+            break;
+    }
+    if (i + 8 > n && i < n) { /* the last 1..7 bytes, padded with a plain byte */
+        uint64_t w = 0x6161616161616161ull;
+        for (size_t k = 0; k < n - i; k++)
+            w = (w & ~(0xffull << (8 * k))) | (uint64_t)u[i + k] << (8 * k);
+        if (!escaped_bytes(w))
+            return n;
+    }
+    while (i < n && u[i] >= 0x20 && u[i] < 0x7f && u[i] != '"' && u[i] != '\\')
+        i++;
+    return i;
+}
+
 int fi_json_str(fi_buf *b, const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s;
+    size_t i = fi_json_plain_prefix(s, n);
+    if (i == n && !b->oom && n + 2 < b->cap - b->len) { /* all of it, and the quotes */
+        char *d = b->data + b->len;
+        d[0] = '"';
+        memcpy(d + 1, s, n);
+        d[n + 1] = '"';
+        d[n + 2] = '\0';
+        b->len += n + 2;
+        return 0;
+    }
     if (fi_buf_putc(b, '"') < 0)
         return -1;
-    size_t i = 0;
+    if (i > 0 && fi_buf_append(b, s, i) < 0)
+        return -1;
     while (i < n) {
         size_t run = i;
         while (run < n && u[run] >= 0x20 && u[run] < 0x7f && u[run] != '"' && u[run] != '\\')
@@ -135,26 +180,13 @@ static int put_pystr(fi_buf *b, PyObject *s)
     Py_ssize_t n = PyUnicode_GET_LENGTH(s);
     int kind = PyUnicode_KIND(s);
     const void *data = PyUnicode_DATA(s);
+    if (PyUnicode_IS_ASCII(s)) /* the common case: its bytes are its UTF-8 */
+        return fi_json_str(b, data, (size_t)n) < 0 ? oom() : 0;
     if (fi_buf_putc(b, '"') < 0)
         return oom();
-    if (PyUnicode_IS_ASCII(s)) { /* the common case: runs that need no escape go whole */
-        const unsigned char *p = data;
-        Py_ssize_t i = 0;
-        while (i < n) {
-            Py_ssize_t j = i;
-            while (j < n && p[j] >= 0x20 && p[j] < 0x7f && p[j] != '"' && p[j] != '\\')
-                j++;
-            if (j > i && fi_buf_append(b, (const char *)p + i, (size_t)(j - i)) < 0)
-                return oom();
-            if (j < n && put_codepoint(b, p[j]) < 0)
-                return oom();
-            i = j + 1;
-        }
-    } else {
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (put_codepoint(b, PyUnicode_READ(kind, data, i)) < 0)
-                return oom();
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (put_codepoint(b, PyUnicode_READ(kind, data, i)) < 0)
+            return oom();
     return fi_buf_putc(b, '"') < 0 ? oom() : 0;
 }
 

@@ -13,6 +13,9 @@
 /* Appends a quoted, escaped JSON string for UTF-8 bytes s[0..n); invalid UTF-8
  * bytes come out as \ufffd. Returns 0, or -1 when the buffer ran out of memory. */
 int fi_json_str(fi_buf *b, const char *s, size_t n);
+/* The length of s's longest prefix that json.dumps writes as it is (printable ASCII but '"'
+ * and '\\'), read eight bytes at a time while they all are. */
+size_t fi_json_plain_prefix(const char *s, size_t n);
 
 /* Appends a double as float.__repr__ does (NaN, Infinity, -Infinity for non-finite). */
 int fi_json_double(fi_buf *b, double v);

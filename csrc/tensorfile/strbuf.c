@@ -68,12 +68,24 @@ int fi_buf_append_slow(fi_buf *b, const char *s, size_t n)
 
 int fi_buf_put_u64(fi_buf *b, unsigned long long v)
 {
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930"
+                                "31323334353637383940414243444546474849505152535455565758596061"
+                                "6263646566676869707172737475767778798081828384858687888990919293"
+                                "949596979899";
     char digits[24];
     int n = sizeof digits;
-    do {
-        digits[--n] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
+    while (v >= 100) { /* two digits per division */
+        unsigned k = (unsigned)(v % 100) * 2;
+        v /= 100;
+        digits[--n] = pairs[k + 1];
+        digits[--n] = pairs[k];
+    }
+    if (v >= 10) {
+        digits[--n] = pairs[v * 2 + 1];
+        digits[--n] = pairs[v * 2];
+    } else {
+        digits[--n] = (char)('0' + v);
+    }
     return fi_buf_append(b, digits + n, sizeof digits - (size_t)n);
 }
 

@@ -70,6 +70,8 @@ static int intern_all(void)
         {&fi_names.is_neg, "is_neg"},
         {&fi_names.resolve_conj, "resolve_conj"},
         {&fi_names.resolve_neg, "resolve_neg"},
+        {&fi_names.versions, "versions"},
+        {&fi_names.record_extras, "record_extras"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         if (intern(table[i].slot, table[i].s) < 0)
@@ -267,6 +269,21 @@ static int seen_index(fi_tensor_seen *seen, PyObject *obj, int with_data)
     return i;
 }
 
+/* *dst = *src for the dims in use: a struct assignment copies all FI_MAX_DIMS of them with
+ * rep movsq, slow to start, and a recorded call looks its tensors up dozens of times. */
+static void copy_tensor(fi_tensor *dst, const fi_tensor *src)
+{
+    dst->data = src->data;
+    dst->ndim = src->ndim;
+    for (int k = 0; k < src->ndim && k < FI_MAX_DIMS; k++) {
+        dst->shape[k] = src->shape[k];
+        dst->stride[k] = src->stride[k];
+    }
+    dst->dtype = src->dtype;
+    dst->device_type = src->device_type;
+    dst->device_index = src->device_index;
+}
+
 int fi_tensor_seen_get(fi_tensor_seen *seen, PyObject *obj, fi_tensor *out, int with_data)
 {
     int i = seen_index(seen, obj, with_data);
@@ -284,7 +301,7 @@ int fi_tensor_seen_get(fi_tensor_seen *seen, PyObject *obj, fi_tensor *out, int 
             return -1;
         seen->entry[i].has_data = 1;
     }
-    *out = seen->entry[i].t;
+    copy_tensor(out, &seen->entry[i].t);
     if (!with_data)
         out->data = NULL;
     return 0;

@@ -82,6 +82,7 @@ typedef struct {
         *is_contiguous, *is_cuda, *is_cpu, *get_device, *name, *qualname, *module, *value, *cpu,
         *contiguous, *numel, *element_size, *untyped_storage, *nbytes, *is_conj, *is_neg,
         *resolve_conj, *resolve_neg;
+    PyObject *versions, *record_extras; /* the recorder's static_meta keys */
 } fi_names_t;
 
 extern fi_names_t fi_names;
