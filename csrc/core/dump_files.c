@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dump_format.h"
+#include "fork_watch.h"
 #include "json.h"
 #include "sink.h"
 #include "stats.h"
@@ -128,7 +129,7 @@ char *fi_dump_make_call_dir(fi_recorder *rec, PyObject *name, const char *stamp,
         long long n = fi_dump_next_counter(rec, name);
         if (n < 0)
             break;
-        snprintf(dir, cap, FI_DUMP_DIR_FORMAT, rec->cfg->dump_dir, stamp, (long)getpid(), safe, n);
+        snprintf(dir, cap, FI_DUMP_DIR_FORMAT, rec->cfg->dump_dir, stamp, fi_fork_pid(), safe, n);
         if (!create || mkdir(dir, 0700) == 0) {
             *call_seq = n;
             free(safe);

@@ -2,38 +2,24 @@
  * written straight into the record buffer: no Python objects are built on the way. */
 #include "format_json.h"
 
-#include <pthread.h>
 #include <string.h>
 #include <sys/time.h>
-#include <unistd.h>
 
+#include "fork_watch.h"
 #include "format.h"
 #include "json.h"
 #include "stats.h"
 #include "tensor.h"
 
-/* The process id, cached: getpid(2) is a system call, and every record carries it.
- * A forked child clears the cache (pthread_atfork) and reads its own id. */
-static pid_t cached_pid;
-
-static void forget_pid(void) { cached_pid = 0; }
-
-static long process_id(void)
-{
-    if (cached_pid == 0)
-        cached_pid = getpid();
-    return (long)cached_pid;
-}
-
+/* Every record carries the process id: fi_fork_pid reads it once per process (again in a
+ * forked child) once the fork count runs, which this module starts. */
 int fi_format_json_exec(PyObject *module)
 {
     (void)module;
-    static int registered;
-    if (!registered && pthread_atfork(NULL, NULL, forget_pid) != 0) {
-        PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+    if (fi_fork_watch() < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    registered = 1;
     return 0;
 }
 
@@ -59,7 +45,7 @@ int fi_format_json_head(fi_buf *b, const char *event, const char *api, long long
         usec[i] = (char)('0' + u % 10);
     fi_buf_append(b, usec, 7);
     fi_buf_puts(b, ", \"pid\": ");
-    return fi_buf_put_i64(b, process_id());
+    return fi_buf_put_i64(b, fi_fork_pid());
 }
 
 int fi_format_json_close(fi_buf *b)
